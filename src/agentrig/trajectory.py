@@ -1,0 +1,263 @@
+"""Episode records: typed dataclasses with a schema version, exact JSONL round-trips, and a flat view.
+
+An `Episode` holds everything needed to reproduce what the model saw at every step: the task, the
+tools offered, the system prompt, and per step the raw policy output, parsed calls, repairs, defects,
+tool results (with timings and injected faults), harness notices and memory compressions.
+`agentrig.harness.context_at(episode, i)` rebuilds the exact prompt of step i from these records.
+Plain dicts appear only at the JSON edge (`to_dict` / `from_dict`), validated on the way in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+
+
+class RecordError(ValueError):
+    """A record that does not match the episode schema; the message names the file and line."""
+
+
+@dataclass
+class ToolCall:
+    """One parsed tool call, arguments as a dict (canonical JSON is produced when rendering)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Repair:
+    """A lenient-parse repair applied to the model's output (recorded, then re-validated)."""
+
+    kind: str  # "json_repair" | "literal_eval" | "key_alias" | "bare_json"
+    before: str
+    after: str
+
+
+@dataclass
+class FieldError:
+    """One schema violation: where, what the schema expected, what was given."""
+
+    path: str
+    expected: str
+    given: str
+
+
+@dataclass
+class Defect:
+    """A classified model mistake. `kind` is one of protocol.DEFECT_KINDS."""
+
+    kind: str
+    message: str  # the feedback text the model was shown
+    call_id: str | None = None
+    tool: str | None = None
+    fields: list[FieldError] = field(default_factory=list)
+
+
+@dataclass
+class ToolResult:
+    """The observation for one call: what the model saw, whether the tool succeeded, and how long it took."""
+
+    call_id: str
+    name: str
+    content: str
+    ok: bool
+    duration_s: float = 0.0
+    fault: str | None = None  # injected fault kind, if any
+    error: str | None = None  # "exception" | "timeout" | "not_permitted" | "unknown_tool" | "schema" | fault kinds
+    truncated: bool = False
+
+
+@dataclass
+class MemoryEvent:
+    """A compression: `messages_full[2:upto_message]` leave the context and `summary` joins the memory area.
+
+    `before_step` is the first step whose prompt reflects the compression.
+    """
+
+    summary: str
+    upto_message: int  # index into the episode's full message list (messages_full)
+    before_step: int
+    reason: str  # "note" | "token_budget"
+    extractive: bool = False
+
+
+@dataclass
+class Step:
+    """One policy turn and everything the harness did with it."""
+
+    index: int
+    raw_output: str
+    text: str  # free text the model said (outside tool-call blocks)
+    calls: list[ToolCall] = field(default_factory=list)
+    repairs: list[Repair] = field(default_factory=list)
+    defects: list[Defect] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    is_final: bool = False
+    weight: float = 1.0  # 0.0 marks a detour step that training must not imitate
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    policy_s: float = 0.0
+
+
+@dataclass
+class TaskSpec:
+    """The task as the harness saw it. `expected` is the checker's data (never shown to the model)."""
+
+    id: str
+    prompt: str
+    env: str = ""
+    family: str = ""
+    split: str = ""
+    allowed_tools: list[str] = field(default_factory=list)
+    expected: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    """A whole episode. `messages_full` is the uncompressed OpenAI-style conversation."""
+
+    episode_id: str
+    task: TaskSpec
+    protocol: str
+    system_prompt: str
+    tools: list[dict[str, Any]]  # OpenAI function specs as offered
+    steps: list[Step] = field(default_factory=list)
+    messages_full: list[dict[str, Any]] = field(default_factory=list)
+    memory_events: list[MemoryEvent] = field(default_factory=list)
+    termination: str = ""  # "final_answer" | "max_steps" | "token_budget" | "wall_clock" | "stuck" | "policy_error"
+    final_answer: str | None = None
+    success: bool | None = None
+    check: dict[str, Any] = field(default_factory=dict)
+    tool_failures: dict[str, int] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    seed: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    # -- derived views -------------------------------------------------------------------
+    @property
+    def detours(self) -> int:
+        """Number of steps marked as detours (weight 0)."""
+        return sum(1 for s in self.steps if s.weight == 0.0)
+
+    @property
+    def recovered(self) -> bool:
+        """An injected fault or failed call happened and the episode still succeeded."""
+        had_failure = bool(self.faults) or any(not r.ok for s in self.steps for r in s.results)
+        return bool(self.success) and had_failure
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Episode":
+        """Build from a dict, checking the schema version and required fields."""
+        if not isinstance(data, dict):
+            raise RecordError(f"an episode must be a JSON object, got {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise RecordError(
+                f"unknown episode schema version {version!r} (this agentrig reads version {SCHEMA_VERSION})"
+            )
+        try:
+            steps = [_step_from_dict(s) for s in data.get("steps", [])]
+            task = TaskSpec(**data["task"])
+            memory = [MemoryEvent(**m) for m in data.get("memory_events", [])]
+            fields_ = {k: v for k, v in data.items() if k not in ("steps", "task", "memory_events")}
+            return cls(task=task, steps=steps, memory_events=memory, **fields_)
+        except (KeyError, TypeError) as exc:
+            raise RecordError(f"episode does not match the schema: {exc}") from None
+
+
+def _step_from_dict(d: dict[str, Any]) -> Step:
+    d = dict(d)
+    d["calls"] = [ToolCall(**c) for c in d.get("calls", [])]
+    d["repairs"] = [Repair(**r) for r in d.get("repairs", [])]
+    d["defects"] = [
+        Defect(**{**x, "fields": [FieldError(**f) for f in x.get("fields", [])]}) for x in d.get("defects", [])
+    ]
+    d["results"] = [ToolResult(**r) for r in d.get("results", [])]
+    return Step(**d)
+
+
+# -- JSONL I/O -------------------------------------------------------------------------------
+
+
+def dumps_episode(episode: Episode) -> str:
+    """One JSONL line (no trailing newline)."""
+    return json.dumps(episode.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+def write_episodes(path: str | Path, episodes: list[Episode], append: bool = False) -> None:
+    """Write episodes one per line, flushed and fsynced."""
+    with open(path, "a" if append else "w", encoding="utf-8") as fh:
+        for ep in episodes:
+            fh.write(dumps_episode(ep) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def iter_episodes(path: str | Path, skip_truncated_tail: bool = False) -> Iterator[Episode]:
+    """Read episodes; a bad line raises RecordError naming file and line.
+
+    With `skip_truncated_tail`, a last line without its newline (a torn write) is skipped silently.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    last = len(lines) - 1  # lines[last] is b"" when the file ends with a newline
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        torn = lineno - 1 == last  # no newline after it
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            yield Episode.from_dict(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecordError) as exc:
+            if torn and skip_truncated_tail:
+                return
+            raise RecordError(f"{path}:{lineno}: {exc}") from None
+
+
+def read_episodes(path: str | Path, skip_truncated_tail: bool = False) -> list[Episode]:
+    """All episodes of a JSONL file."""
+    return list(iter_episodes(path, skip_truncated_tail=skip_truncated_tail))
+
+
+# -- flat view -------------------------------------------------------------------------------
+
+
+def flat_view(episode: Episode) -> dict[str, Any]:
+    """The seed's reading view (section 3.2): system, user, observation, action, result, final."""
+    actions: list[str] = []
+    results: list[str] = []
+    observations: list[str] = []
+    for step in episode.steps:
+        if step.text:
+            observations.append(step.text)
+        for call in step.calls:
+            actions.append(f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)})")
+        for res in step.results:
+            results.append(res.content)
+        observations.extend(step.notices)
+    return {
+        "system": episode.system_prompt,
+        "user": episode.task.prompt,
+        "observation": observations,
+        "action": actions,
+        "result": results,
+        "final": episode.final_answer,
+    }
