@@ -1,0 +1,406 @@
+"""The episode loop: build context, ask the policy, parse, validate, execute, observe, repeat.
+
+`EpisodeRunner` is a state machine (`request()` / `submit(reply)`) so that many episodes can step
+together: `run_episodes` advances all live episodes one round at a time and hands a batch policy one
+`generate_batch` call per round. Rules: termination (final answer, max steps, token budget, wall
+clock, the identical call repeated), the recovery rule (a tool failing N times in a row gets a notice
+to switch tools or tell the user), and the memory area (`note` or the context budget compress finished
+turns). Every decision is recorded so `context_at(episode, i)` rebuilds what the model saw at step i.
+No model output raises out of here; a policy that raises is our (or the user's) error and propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from agentrig.errors import AgentrigError
+from agentrig.memory import compress_point, extractive_summary, with_memory
+from agentrig.protocol import canonical_arguments, feedback, get_protocol
+from agentrig.tools import Tool, ToolSet
+from agentrig.trajectory import Defect, Episode, MemoryEvent, Step, TaskSpec, ToolCall, ToolResult
+
+ToolHook = Callable[[ToolCall, Callable[[], ToolResult]], ToolResult]
+"""Wraps tool execution (fault injection): gets the call and a thunk that really executes it."""
+
+
+@dataclass
+class HarnessConfig:
+    """The harness rules; the same values at collection, training and inference."""
+
+    max_steps: int = 12
+    token_budget: int | None = None  # prompt + completion tokens over the whole episode
+    context_budget: int | None = None  # context tokens above which finished turns are compressed
+    wall_clock_s: float | None = None
+    stuck_repeats: int = 3  # the identical call this many times in a row ends the episode
+    switch_after_failures: int = 3  # the same tool failing this many times in a row: notice to switch
+    tool_timeout_s: float = 10.0
+    max_output_chars: int = 4000
+    protocol: str = "hermes"
+    memory: bool = True  # offer the built-in `note` tool and compress finished sub-goals
+    keep_last_turns: int = 2  # turns kept verbatim when the context budget forces a compression
+
+
+@dataclass
+class PolicyRequest:
+    """What a policy sees: the exact context (OpenAI-style messages), the tools offered, the task."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    task: TaskSpec
+    step: int
+    episode_id: str = ""
+
+
+@dataclass
+class PolicyReply:
+    """A policy's answer: raw text, plus its training weight (0 = detour) and token counts."""
+
+    text: str
+    weight: float = 1.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free token estimate (about 4 characters per token)."""
+    return max(1, len(text) // 4)
+
+
+def _note_tool() -> Tool:
+    def note(summary: str) -> str:
+        return feedback("note_saved")
+
+    return Tool.from_schema(
+        "note",
+        "Save a one-line summary of a finished sub-goal to memory; the finished turns are then compressed.",
+        {
+            "type": "object",
+            "properties": {"summary": {"type": "string", "description": "what was found, in one line"}},
+            "required": ["summary"],
+            "additionalProperties": False,
+        },
+        note,
+    )
+
+
+def assistant_message(step: Step, protocol: str = "hermes") -> dict[str, Any]:
+    """The canonical OpenAI-style assistant message of a step (what training renders)."""
+    if not step.calls and any(d.kind == "unparseable_call" for d in step.defects):
+        return {"role": "assistant", "content": step.raw_output}
+    msg: dict[str, Any] = {"role": "assistant", "content": step.text}
+    if step.calls:
+        msg["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for c in step.calls
+        ]
+    return msg
+
+
+def context_at(episode: Episode, i: int) -> list[dict[str, Any]]:
+    """The exact messages the policy saw at step i, memory compressions applied."""
+    start = episode.metadata.get("step_message_index", [])
+    if i >= len(start):
+        raise IndexError(f"episode {episode.episode_id} has no step {i}")
+    events = [e for e in episode.memory_events if e.before_step <= i]
+    upto = max([2] + [e.upto_message for e in events])
+    system = {"role": "system", "content": with_memory(episode.system_prompt, [e.summary for e in events])}
+    return [system, episode.messages_full[1]] + episode.messages_full[upto : start[i]]
+
+
+class EpisodeRunner:
+    """One episode as a state machine: `request()` the next policy call, `submit()` its reply."""
+
+    def __init__(
+        self,
+        task: TaskSpec,
+        tools: ToolSet,
+        config: HarnessConfig | None = None,
+        tool_hook: ToolHook | None = None,
+        token_counter: Callable[[str], int] | None = None,
+        episode_id: str | None = None,
+        seed: int | None = None,
+    ):
+        self.config = config or HarnessConfig()
+        self.proto = get_protocol(self.config.protocol)
+        extra = [_note_tool()] if self.config.memory and tools.get("note") is None else []
+        self.tools = ToolSet(list(tools.tools.values()) + extra, tools.allowed + [t.name for t in extra],
+                             self.config.max_output_chars)
+        self.tool_hook = tool_hook
+        self.count = token_counter or approx_tokens
+        specs = self.tools.specs()
+        system = self.proto.system_prompt(specs, self.config)
+        self.episode = Episode(
+            episode_id=episode_id or f"{task.id}-{uuid.uuid4().hex[:8]}",
+            task=task,
+            protocol=self.proto.name,
+            system_prompt=system,
+            tools=specs,
+            messages_full=[{"role": "system", "content": system}, {"role": "user", "content": task.prompt}],
+            seed=seed,
+            metadata={"harness": asdict(self.config), "step_message_index": []},
+        )
+        self.summaries: list[str] = []
+        self.context_start = 2
+        self.fail_streak: dict[str, int] = {}
+        self.last_call: str | None = None
+        self.repeat_count = 0
+        self.started = time.perf_counter()
+        self.done = False
+
+    # -- the loop ---------------------------------------------------------------------------
+    def context(self) -> list[dict[str, Any]]:
+        """The messages the policy sees now."""
+        ep = self.episode
+        system = {"role": "system", "content": with_memory(ep.system_prompt, self.summaries)}
+        return [system, ep.messages_full[1]] + ep.messages_full[self.context_start :]
+
+    def request(self) -> PolicyRequest | None:
+        """The next policy call, or None when the episode has ended."""
+        if self.done:
+            return None
+        ep = self.episode
+        cfg = self.config
+        if len(ep.steps) >= cfg.max_steps:
+            return self._end("max_steps")
+        if cfg.wall_clock_s is not None and time.perf_counter() - self.started > cfg.wall_clock_s:
+            return self._end("wall_clock")
+        if cfg.token_budget is not None and ep.prompt_tokens + ep.completion_tokens >= cfg.token_budget:
+            return self._end("token_budget")
+        messages = self.context()
+        if cfg.context_budget is not None and self._context_tokens(messages) > cfg.context_budget:
+            self._compress_for_budget()
+            messages = self.context()
+        ep.metadata["step_message_index"].append(len(ep.messages_full))
+        return PolicyRequest(messages, ep.tools, ep.task, len(ep.steps), ep.episode_id)
+
+    def submit(self, reply: str | PolicyReply) -> None:
+        """Apply the policy's reply: parse, validate, execute, observe, and decide whether to go on."""
+        if self.done:
+            raise AgentrigError("submit() after the episode ended")
+        if not isinstance(reply, PolicyReply):
+            reply = PolicyReply(text=reply if isinstance(reply, str) else "")
+        ep = self.episode
+        index = len(ep.steps)
+        parsed = self.proto.parse(reply.text, id_prefix=f"call_{index}")
+        step = Step(index=index, raw_output=reply.text, text=parsed.text, repairs=parsed.repairs,
+                    defects=list(parsed.defects), is_final=parsed.is_final, weight=reply.weight)
+        step.prompt_tokens = reply.prompt_tokens or self._context_tokens(self.context())
+        step.completion_tokens = reply.completion_tokens or self.count(reply.text)
+        ep.prompt_tokens += step.prompt_tokens
+        ep.completion_tokens += step.completion_tokens
+        ep.steps.append(step)
+
+        tool_messages: list[dict[str, Any]] = []
+        notices: list[str] = []
+        note_summary: str | None = None
+        stuck_tool: str | None = None
+        for call in parsed.calls:
+            result, note = self._handle_call(step, call)
+            step.results.append(result)
+            tool_messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.content})
+            if note is not None:
+                note_summary = note
+            if self._track(call, result, notices):
+                stuck_tool = call.name
+        ep.messages_full.append(assistant_message(step))
+        ep.messages_full.extend(tool_messages)
+        loose = [d.message for d in step.defects if d.call_id is None]
+        if stuck_tool is not None:
+            notices.append(feedback("repeated_call", tool=stuck_tool, count=self.repeat_count))
+        step.notices = notices
+        if loose or notices:
+            ep.messages_full.append({"role": "user", "content": "\n".join(loose + notices)})
+        if note_summary is not None:
+            self._compress(note_summary, len(ep.messages_full), "note", extractive=False)
+        if stuck_tool is not None:
+            self._end("stuck")
+        elif step.is_final:
+            ep.final_answer = step.text
+            self._end("final_answer")
+        elif len(ep.steps) >= self.config.max_steps:
+            self._end("max_steps")
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _handle_call(self, step: Step, call: ToolCall) -> tuple[ToolResult, str | None]:
+        """Validate and run one parsed call; defects become that call's tool message."""
+        tool = self.tools.get(call.name)
+        available = ", ".join(self.tools.allowed)
+        if tool is not None:
+            call.arguments = canonical_arguments(call.arguments, tool.parameters)
+        step.calls.append(call)
+        if tool is None:
+            msg = feedback("unknown_tool", tool=call.name, available=available)
+            step.defects.append(Defect("unknown_tool", msg, call.id, call.name))
+            return ToolResult(call.id, call.name, msg, ok=False, error="unknown_tool"), None
+        if not self.tools.is_allowed(call.name):
+            msg = feedback("not_permitted", tool=call.name, available=available)
+            step.defects.append(Defect("not_permitted", msg, call.id, call.name))
+            return ToolResult(call.id, call.name, msg, ok=False, error="not_permitted"), None
+        errors = tool.validate(call.arguments)
+        if errors:
+            lines = "\n".join(feedback("schema_field", path=e.path, expected=e.expected, given=e.given) for e in errors)
+            msg = feedback("schema_violation", tool=call.name, fields=lines)
+            step.defects.append(Defect("schema_violation", msg, call.id, call.name, errors))
+            return ToolResult(call.id, call.name, msg, ok=False, error="schema"), None
+        if call.name == "note":
+            return ToolResult(call.id, call.name, feedback("note_saved"), ok=True), str(call.arguments["summary"])
+
+        def execute() -> ToolResult:
+            return self.tools.execute(call, timeout_s=min(tool.timeout_s, self.config.tool_timeout_s))
+
+        result = self.tool_hook(call, execute) if self.tool_hook else execute()
+        if result.fault:
+            self.episode.faults.append(result.fault)
+        return result, None
+
+    def _track(self, call: ToolCall, result: ToolResult, notices: list[str]) -> bool:
+        """Failure streaks (recovery rule) and identical-call repeats; True when the episode is stuck."""
+        ep = self.episode
+        if result.ok:
+            self.fail_streak[call.name] = 0
+        else:
+            ep.tool_failures[call.name] = ep.tool_failures.get(call.name, 0) + 1
+            streak = self.fail_streak.get(call.name, 0) + 1
+            self.fail_streak[call.name] = streak
+            if streak >= self.config.switch_after_failures:
+                notices.append(feedback("switch_tool", tool=call.name, count=streak))
+        key = json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=repr)
+        self.repeat_count = self.repeat_count + 1 if key == self.last_call else 1
+        self.last_call = key
+        return self.repeat_count >= self.config.stuck_repeats
+
+    def _context_tokens(self, messages: list[dict[str, Any]]) -> int:
+        return sum(self.count(str(m.get("content") or "")) + self.count(json.dumps(m.get("tool_calls", ""))) for m in messages)
+
+    def _compress(self, summary: str, upto: int, reason: str, extractive: bool) -> None:
+        self.summaries.append(summary)
+        self.context_start = upto
+        # A note compresses after its step (the next prompt reflects it); a budget compression happens
+        # inside request(), before the step it applies to is appended: either way it is len(steps).
+        before = len(self.episode.steps)
+        self.episode.memory_events.append(MemoryEvent(summary, upto, before, reason, extractive))
+
+    def _compress_for_budget(self) -> None:
+        msgs = self.episode.messages_full
+        cut = compress_point(msgs, self.context_start, self.config.keep_last_turns)
+        if cut is None:
+            return
+        self._compress(extractive_summary(msgs[self.context_start : cut]), cut, "token_budget", extractive=True)
+
+    def _end(self, reason: str) -> None:
+        self.done = True
+        self.episode.termination = reason
+        self.episode.wall_s = time.perf_counter() - self.started
+        return None
+
+
+# -- policies ---------------------------------------------------------------------------------
+
+
+class ScriptedPolicy:
+    """Replays prepared replies in order (one list, or one list per task id). Used by tests and demos."""
+
+    def __init__(self, replies: Sequence[str | PolicyReply] | dict[str, Sequence[str | PolicyReply]]):
+        self._by_task = {k: deque(v) for k, v in replies.items()} if isinstance(replies, dict) else None
+        self._queue = deque(replies) if not isinstance(replies, dict) else deque()
+
+    def generate(self, request: PolicyRequest) -> str | PolicyReply:
+        """The next prepared reply (for this task, when replies are keyed by task id)."""
+        q = self._by_task.get(request.task.id) if self._by_task is not None else self._queue
+        if not q:
+            raise AgentrigError(f"ScriptedPolicy ran out of replies at step {request.step} of task {request.task.id!r}")
+        return q.popleft()
+
+
+def generate_batch(policy: Any, requests: list[PolicyRequest]) -> list[str | PolicyReply]:
+    """Call any kind of policy on a batch: generate_batch, async agenerate, generate, or a plain callable."""
+    if hasattr(policy, "generate_batch"):
+        replies = list(policy.generate_batch(requests))
+    elif hasattr(policy, "agenerate"):
+        async def gather() -> list[Any]:
+            return list(await asyncio.gather(*(policy.agenerate(r) for r in requests)))
+
+        replies = asyncio.run(gather())
+    elif hasattr(policy, "generate"):
+        replies = [policy.generate(r) for r in requests]
+    elif callable(policy):
+        if inspect.iscoroutinefunction(policy):
+            async def gather_fn() -> list[Any]:
+                return list(await asyncio.gather(*(policy(r) for r in requests)))
+
+            replies = asyncio.run(gather_fn())
+        else:
+            replies = [policy(r) for r in requests]
+    else:
+        raise AgentrigError(f"{type(policy).__name__} is not a policy: give it generate(request) or make it callable")
+    if len(replies) != len(requests):
+        raise AgentrigError(f"policy returned {len(replies)} replies for {len(requests)} requests")
+    return replies
+
+
+def run_episode(
+    task: TaskSpec,
+    tools: ToolSet,
+    policy: Any,
+    config: HarnessConfig | None = None,
+    tool_hook: ToolHook | None = None,
+    token_counter: Callable[[str], int] | None = None,
+    episode_id: str | None = None,
+    seed: int | None = None,
+) -> Episode:
+    """Run one episode to its end and return its record."""
+    runner = EpisodeRunner(task, tools, config, tool_hook, token_counter, episode_id, seed)
+    while (req := runner.request()) is not None:
+        runner.submit(generate_batch(policy, [req])[0])
+    return runner.episode
+
+
+def run_episodes(
+    jobs: Sequence[tuple[TaskSpec, ToolSet, ToolHook | None]],
+    policy: Any,
+    config: HarnessConfig | None = None,
+    batch_size: int = 16,
+    token_counter: Callable[[str], int] | None = None,
+    on_done: Callable[[int, Episode], None] | None = None,
+    episode_ids: Sequence[str] | None = None,
+) -> list[Episode]:
+    """Run many episodes in lockstep: each round, every live episode asks once, in one batch call.
+
+    Episodes come back in job order. `on_done(job_index, episode)` is called as each episode ends
+    (progress bars, streaming writes). Episode ids default to the task ids.
+    """
+    pending = deque(enumerate(jobs))
+    live: list[tuple[int, EpisodeRunner]] = []
+    out: list[Episode | None] = [None] * len(jobs)
+    while pending or live:
+        while pending and len(live) < batch_size:
+            k, (task, tools, hook) = pending.popleft()
+            eid = episode_ids[k] if episode_ids is not None else task.id
+            live.append((k, EpisodeRunner(task, tools, config, hook, token_counter, episode_id=eid)))
+        asks: list[tuple[int, EpisodeRunner, PolicyRequest]] = []
+        for k, runner in live:
+            req = runner.request()
+            if req is not None:
+                asks.append((k, runner, req))
+        if asks:
+            replies = generate_batch(policy, [a[2] for a in asks])
+            for (k, runner, _), reply in zip(asks, replies):
+                runner.submit(reply)
+        still: list[tuple[int, EpisodeRunner]] = []
+        for k, runner in live:
+            if runner.done:
+                out[k] = runner.episode
+                if on_done:
+                    on_done(k, runner.episode)
+            else:
+                still.append((k, runner))
+        live = still
+    return [e for e in out if e is not None]

@@ -1,0 +1,298 @@
+"""Output protocols: the system prompt the model reads and the parser for what it writes.
+
+The default is Hermes (`<tool_call>` JSON blocks, FIELD_NOTES section 2); `Llama31Protocol` implements
+the Llama-3.1 JSON style (`{"name": ..., "parameters": ...}`), selected by `HarnessConfig.protocol`.
+Parsing never raises: it is strict JSON first, then a recorded lenient repair (`json_repair`, then
+`ast.literal_eval`), and every other problem becomes a classified `Defect` whose feedback text comes
+from the one template file, `feedback.json`. Not handled here: schema validation and permissions
+(the harness does those, also for repaired calls).
+"""
+
+from __future__ import annotations
+
+import abc
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Protocol as TypingProtocol
+
+from agentrig.trajectory import Defect, Repair, ToolCall
+
+DEFECT_KINDS = (
+    "unparseable_call",
+    "unknown_tool",
+    "not_permitted",
+    "schema_violation",
+    "self_written_response",
+    "empty_output",
+)
+MAX_REPAIR_CHARS = 20_000  # longer blocks are not worth repairing (and json_repair is slow on them)
+
+
+@lru_cache(maxsize=1)
+def _templates() -> dict[str, Any]:
+    return json.loads(resources.files("agentrig").joinpath("feedback.json").read_text(encoding="utf-8"))
+
+
+def feedback(kind: str, **fields: Any) -> str:
+    """The stable feedback text of a defect class or harness notice, filled in."""
+    return str(_templates()[kind]).format(**fields)
+
+
+class RulesLike(TypingProtocol):
+    """What the system prompt states about the harness (HarnessConfig satisfies it)."""
+
+    max_steps: int
+    switch_after_failures: int
+    memory: bool
+
+
+@dataclass
+class ParsedOutput:
+    """What a model message means: free text, tool calls, repairs, defects, and whether it is final."""
+
+    text: str
+    calls: list[ToolCall] = field(default_factory=list)
+    repairs: list[Repair] = field(default_factory=list)
+    defects: list[Defect] = field(default_factory=list)
+    is_final: bool = False
+
+
+def canonical_arguments(arguments: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Arguments with keys in the schema's property order (unknown keys after, sorted)."""
+    order = list((schema or {}).get("properties", {}))
+    known = [k for k in order if k in arguments]
+    rest = sorted(k for k in arguments if k not in order)
+    return {k: arguments[k] for k in known + rest}
+
+
+def call_json(name: str, arguments: dict[str, Any], args_key: str = "arguments") -> str:
+    """The one canonical JSON form of a call."""
+    return json.dumps({"name": name, args_key: arguments}, ensure_ascii=False)
+
+
+def _load_call_object(raw: str) -> tuple[Any, Repair | None, str | None]:
+    """Strict JSON, then json_repair, then ast.literal_eval. Returns (value, repair, failure reason)."""
+    text = raw.strip()
+    try:
+        return json.loads(text), None, None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        strict_error = f"invalid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+    if len(text) > MAX_REPAIR_CHARS:
+        return None, None, strict_error
+    try:
+        import json_repair
+
+        repaired = json_repair.repair_json(text, return_objects=True)
+        if isinstance(repaired, dict) and repaired:
+            return repaired, Repair("json_repair", raw, json.dumps(repaired, ensure_ascii=False)), None
+    except Exception:  # json_repair is a best-effort helper; its failure only means "not repairable"
+        pass
+    try:
+        value = ast.literal_eval(text)
+        if isinstance(value, dict):
+            return value, Repair("literal_eval", raw, json.dumps(value, ensure_ascii=False, default=repr)), None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    return None, None, strict_error
+
+
+def _normalize_call(obj: Any, raw: str, args_key: str, repairs: list[Repair]) -> tuple[str, dict[str, Any]] | str:
+    """(name, arguments) from a decoded call object, or the reason it is unusable."""
+    if not isinstance(obj, dict):
+        return f"expected a JSON object, got {type(obj).__name__}"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return "missing the tool name ('name')"
+    other_key = "parameters" if args_key == "arguments" else "arguments"
+    if args_key in obj:
+        args = obj[args_key]
+    elif other_key in obj:
+        args = obj[other_key]
+        repairs.append(Repair("key_alias", f"{other_key}", f"{args_key}"))
+    else:
+        args = {}
+    if isinstance(args, str):
+        try:
+            decoded = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return f"'{args_key}' is a string that is not a JSON object"
+        repairs.append(Repair("arguments_string", args, json.dumps(decoded, ensure_ascii=False)))
+        args = decoded
+    if not isinstance(args, dict):
+        return f"'{args_key}' must be a JSON object, got {type(args).__name__}"
+    return name.strip(), args
+
+
+class OutputProtocol(abc.ABC):
+    """Interface shared by the protocols; subclasses define the call syntax."""
+
+    name = "base"
+    args_key = "arguments"
+
+    @abc.abstractmethod
+    def system_prompt(self, tools: list[dict[str, Any]], rules: RulesLike) -> str:
+        """The system prompt: tools with schemas, the output format, the step limit and the recovery rules."""
+
+    @abc.abstractmethod
+    def format_calls(self, calls: list[ToolCall]) -> str:
+        """How the assistant writes these calls, exactly."""
+
+    def assistant_text(self, text: str, calls: list[ToolCall]) -> str:
+        """The whole body of an assistant turn: its text, then its calls."""
+        if not calls:
+            return text
+        block = self.format_calls(calls)
+        return f"{text}\n{block}" if text else block
+
+    @abc.abstractmethod
+    def parse(self, output: str, id_prefix: str = "call") -> ParsedOutput:
+        """Parse a model message. Never raises."""
+
+    def _rules_text(self, rules: RulesLike) -> str:
+        lines = [
+            "Rules:",
+            "- Use only the tools listed above, with arguments that match their schemas.",
+            f"- You have at most {rules.max_steps} steps.",
+            "- Tool results come back to you; never write a tool result yourself.",
+            "- If a tool fails or times out, retry once; if it keeps failing, use another tool"
+            f" (a tool that fails {rules.switch_after_failures} times in a row must not be called again),"
+            " or tell the user honestly what could not be done. Never invent data.",
+            "- When the task is done, or needs no tool, answer the user in plain text without a tool call.",
+        ]
+        if rules.memory:
+            lines.append("- After finishing a sub-goal of a long task, call note with a one-line summary of what you found.")
+        return "\n".join(lines)
+
+
+class HermesProtocol(OutputProtocol):
+    """Hermes function calling: tools in `<tools>`, calls in `<tool_call>` JSON blocks."""
+
+    name = "hermes"
+    args_key = "arguments"
+    _block = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+    def system_prompt(self, tools: list[dict[str, Any]], rules: RulesLike) -> str:
+        """The Hermes system prompt for these tools and rules."""
+        tool_lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return (
+            "You are a function-calling agent. Solve the user's task with the tools below, then answer.\n"
+            f"<tools>\n{tool_lines}\n</tools>\n"
+            "To call a tool, write a JSON object inside <tool_call></tool_call> tags:\n"
+            '<tool_call>\n{"name": <tool-name>, "arguments": <args-json-object>}\n</tool_call>\n'
+            + self._rules_text(rules)
+        )
+
+    def format_calls(self, calls: list[ToolCall]) -> str:
+        """One `<tool_call>` block per call, canonical JSON inside."""
+        return "\n".join(f"<tool_call>\n{call_json(c.name, c.arguments)}\n</tool_call>" for c in calls)
+
+    def parse(self, output: str, id_prefix: str = "call") -> ParsedOutput:
+        """Parse `<tool_call>` blocks (or one bare JSON call); classify every problem."""
+        if not isinstance(output, str) or not output.strip():
+            return ParsedOutput("", defects=[Defect("empty_output", feedback("empty_output"))])
+        defects: list[Defect] = []
+        cut = output.find("<tool_response>")
+        if cut >= 0:
+            defects.append(Defect("self_written_response", feedback("self_written_response")))
+            output = output[:cut]
+        repairs: list[Repair] = []
+        calls: list[ToolCall] = []
+        blocks = list(self._block.finditer(output))
+        text = self._block.sub("", output).replace("</tool_call>", "").strip()
+        if not blocks:
+            bare = output.strip()
+            if bare.startswith("{") and bare.endswith("}") and '"name"' in bare:
+                obj, repair, _ = _load_call_object(bare)
+                got = _normalize_call(obj, bare, self.args_key, repairs) if obj is not None else None
+                if isinstance(got, tuple):
+                    repairs.append(Repair("bare_json", bare, "<tool_call>"))
+                    if repair:
+                        repairs.append(repair)
+                    calls.append(ToolCall(f"{id_prefix}_0", got[0], got[1]))
+                    return ParsedOutput("", calls, repairs, defects)
+        for k, m in enumerate(blocks):
+            raw = m.group(1)
+            closed = m.group(0).endswith("</tool_call>")
+            obj, repair, reason = _load_call_object(raw)
+            if obj is None:
+                why = reason if closed else "the <tool_call> block is not closed"
+                defects.append(Defect("unparseable_call", feedback("unparseable_call", reason=why)))
+                continue
+            got = _normalize_call(obj, raw, self.args_key, repairs)
+            if isinstance(got, str):
+                defects.append(Defect("unparseable_call", feedback("unparseable_call", reason=got)))
+                continue
+            if repair:
+                repairs.append(repair)
+            if not closed:
+                repairs.append(Repair("unclosed_block", raw, "</tool_call>"))
+            calls.append(ToolCall(f"{id_prefix}_{k}", got[0], got[1]))
+        is_final = not calls and not defects
+        return ParsedOutput(text, calls, repairs, defects, is_final)
+
+
+class Llama31Protocol(OutputProtocol):
+    """Llama-3.1 JSON tool calling: one `{"name": ..., "parameters": {...}}` object per line."""
+
+    name = "llama31"
+    args_key = "parameters"
+
+    def system_prompt(self, tools: list[dict[str, Any]], rules: RulesLike) -> str:
+        """The Llama-3.1 style system prompt for these tools and rules."""
+        tool_lines = "\n\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return (
+            "You are a function-calling agent. Solve the user's task with the functions below, then answer.\n"
+            "To call functions, respond with one JSON object per line in the format "
+            '{"name": function name, "parameters": dictionary of argument name and its value}. '
+            "Do not use variables.\n\n"
+            f"{tool_lines}\n\n" + self._rules_text(rules)
+        )
+
+    def format_calls(self, calls: list[ToolCall]) -> str:
+        """One JSON object per line."""
+        return "\n".join(call_json(c.name, c.arguments, "parameters") for c in calls)
+
+    def parse(self, output: str, id_prefix: str = "call") -> ParsedOutput:
+        """Lines that are JSON objects with a name are calls; everything else is text."""
+        if not isinstance(output, str) or not output.strip():
+            return ParsedOutput("", defects=[Defect("empty_output", feedback("empty_output"))])
+        body = output.replace("<|python_tag|>", "")
+        defects: list[Defect] = []
+        cut = body.find("<tool_response>")
+        if cut >= 0:
+            defects.append(Defect("self_written_response", feedback("self_written_response")))
+            body = body[:cut]
+        repairs: list[Repair] = []
+        calls: list[ToolCall] = []
+        text_lines: list[str] = []
+        for line in body.splitlines():
+            s = line.strip()
+            if not (s.startswith("{") and ('"name"' in s or "'name'" in s)):
+                text_lines.append(line)
+                continue
+            obj, repair, reason = _load_call_object(s)
+            got = _normalize_call(obj, s, self.args_key, repairs) if obj is not None else (reason or "invalid JSON")
+            if isinstance(got, str):
+                defects.append(Defect("unparseable_call", feedback("unparseable_call", reason=got)))
+                continue
+            if repair:
+                repairs.append(repair)
+            calls.append(ToolCall(f"{id_prefix}_{len(calls)}", got[0], got[1]))
+        text = "\n".join(text_lines).strip()
+        return ParsedOutput(text, calls, repairs, defects, not calls and not defects)
+
+
+PROTOCOLS: dict[str, type[OutputProtocol]] = {"hermes": HermesProtocol, "llama31": Llama31Protocol}
+
+
+def get_protocol(name: str) -> OutputProtocol:
+    """The protocol of that name ("hermes" or "llama31")."""
+    if name not in PROTOCOLS:
+        from agentrig.errors import ConfigError
+
+        raise ConfigError(f"unknown protocol {name!r}; choose one of: {', '.join(PROTOCOLS)}")
+    return PROTOCOLS[name]()

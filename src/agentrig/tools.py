@@ -1,0 +1,397 @@
+"""Tools: definition from typed functions or JSON schemas, per-field validation, allowlists, safe execution.
+
+A `Tool` has one source of truth for its name, description and JSON schema. `ToolSet` holds every tool
+an environment knows plus the task's allowlist: a call outside the allowlist is never executed.
+Execution never raises: exceptions, timeouts (also for tools that block forever: synchronous tools run
+on daemon worker threads and a hung one is abandoned), unserializable results and huge outputs all
+become a `ToolResult` with a readable observation. Arguments are validated with `jsonschema` and
+nothing is coerced. Not handled here: fault injection (`faults.py`) and the recovery rule (`harness.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import enum
+import inspect
+import json
+import queue
+import re
+import threading
+import time
+import types
+import typing
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Union, get_args, get_origin
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from agentrig.errors import AgentrigError
+from agentrig.protocol import feedback
+from agentrig.trajectory import FieldError, ToolCall, ToolResult
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_OUTPUT_CHARS = 4000
+
+
+class ToolDefinitionError(AgentrigError):
+    """A tool cannot be defined (missing type hints, docstring, or an invalid schema)."""
+
+
+@dataclass
+class Tool:
+    """A callable the model may use, with its JSON schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", self.name):
+            raise ToolDefinitionError(f"tool name {self.name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+        if not self.description.strip():
+            raise ToolDefinitionError(f"tool {self.name!r} needs a description")
+        try:
+            Draft202012Validator.check_schema(self.parameters)
+        except SchemaError as exc:
+            raise ToolDefinitionError(f"tool {self.name!r} has an invalid JSON schema: {exc.message}") from None
+        if self.parameters.get("type") != "object":
+            raise ToolDefinitionError(f"tool {self.name!r}: the parameters schema must have type 'object'")
+        self._validator = Draft202012Validator(self.parameters)
+
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        fn: Callable[..., Any],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> "Tool":
+        """Define a tool from a name, a description, a JSON schema and a callable taking keyword arguments."""
+        return cls(name=name, description=description, parameters=parameters, fn=fn, timeout_s=timeout_s)
+
+    @classmethod
+    def from_openai(cls, spec: dict[str, Any], fn: Callable[..., Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> "Tool":
+        """Define a tool from an OpenAI function spec (`{"type": "function", "function": {...}}` or the inner dict)."""
+        fn_spec = spec.get("function", spec)
+        if "name" not in fn_spec:
+            raise ToolDefinitionError(f"an OpenAI function spec needs a 'name': {json.dumps(spec)[:200]}")
+        return cls(
+            name=fn_spec["name"],
+            description=fn_spec.get("description", ""),
+            parameters=fn_spec.get("parameters") or {"type": "object", "properties": {}},
+            fn=fn,
+            timeout_s=timeout_s,
+        )
+
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI function spec of this tool."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def validate(self, arguments: Any) -> list[FieldError]:
+        """Every schema violation of `arguments`, one per field; empty when valid. Nothing is coerced."""
+        if not isinstance(arguments, dict):
+            return [FieldError(path="arguments", expected="an object", given=_short(arguments))]
+        errors = []
+        for err in sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.absolute_path)):
+            errors.append(_field_error(err))
+        return errors
+
+    def renamed(self, name: str, description: str | None = None, params: dict[str, str] | None = None) -> "Tool":
+        """A copy under a new name (and parameter names), translating calls back to the original function."""
+        params = params or {}
+        props = self.parameters.get("properties", {})
+        new_schema = dict(self.parameters)
+        new_schema["properties"] = {params.get(k, k): v for k, v in props.items()}
+        if "required" in self.parameters:
+            new_schema["required"] = [params.get(k, k) for k in self.parameters["required"]]
+        back = {v: k for k, v in params.items()}
+        original = self.fn
+
+        def call(**kwargs: Any) -> Any:
+            return original(**{back.get(k, k): v for k, v in kwargs.items()})
+
+        return Tool(name, description or self.description, new_schema, call, self.timeout_s)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _field_error(err: Any) -> FieldError:
+    """Turn a jsonschema error into (path, expected, given)."""
+    path = "arguments" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+    v, vv = err.validator, err.validator_value
+    if v == "required":
+        missing = re.findall(r"'([^']+)' is a required property", err.message)
+        name = missing[0] if missing else "?"
+        return FieldError(path=f"{path}.{name}", expected="a required field", given="nothing")
+    if v == "additionalProperties":
+        extra = re.findall(r"'([^']+)'", err.message)
+        return FieldError(path=path, expected="no other fields", given="unexpected field " + ", ".join(extra))
+    expected = {
+        "type": f"type {vv if isinstance(vv, str) else ' or '.join(vv)}",
+        "enum": "one of " + ", ".join(json.dumps(x) for x in vv) if isinstance(vv, list) else "",
+        "minimum": f"a number >= {vv}",
+        "maximum": f"a number <= {vv}",
+        "exclusiveMinimum": f"a number > {vv}",
+        "exclusiveMaximum": f"a number < {vv}",
+        "minLength": f"at least {vv} characters",
+        "maxLength": f"at most {vv} characters",
+        "pattern": f"a string matching {vv}",
+        "minItems": f"at least {vv} items",
+        "maxItems": f"at most {vv} items",
+        "const": f"the value {json.dumps(vv)}",
+        "format": f"format {vv}",
+    }.get(v, f"{v} {_short(vv, 40)}")
+    return FieldError(path=path, expected=expected, given=_short(err.instance))
+
+
+# -- @tool: schemas from typed, docstringed functions --------------------------------------
+
+_SIMPLE_TYPES: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+    dict: {"type": "object"},
+    list: {"type": "array"},
+    Any: {},
+}
+
+
+def _type_schema(annotation: Any, where: str) -> dict[str, Any]:
+    """JSON schema of a Python annotation (str, int, float, bool, list[X], dict[str, X], Literal, Optional, Enum)."""
+    if annotation in _SIMPLE_TYPES:
+        return dict(_SIMPLE_TYPES[annotation])
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        schemas = [_type_schema(a, where) for a in non_none]
+        if len(non_none) < len(args):
+            schemas.append({"type": "null"})
+        return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if origin in (list, tuple, set, typing.Sequence):
+        item = args[0] if args else Any
+        return {"type": "array", "items": _type_schema(item, where)}
+    if origin is dict:
+        value = args[1] if len(args) == 2 else Any
+        return {"type": "object", "additionalProperties": _type_schema(value, where)}
+    if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
+        return {"enum": [m.value for m in annotation]}
+    raise ToolDefinitionError(f"{where}: cannot express type {annotation!r} as JSON schema")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into (description, {param: description})."""
+    lines = inspect.cleandoc(doc).splitlines()
+    desc: list[str] = []
+    params: dict[str, str] = {}
+    section = "desc"
+    current = None
+    for line in lines:
+        stripped = line.strip()
+        if re.fullmatch(r"(Args|Arguments|Parameters):", stripped):
+            section = "args"
+            continue
+        if re.fullmatch(r"(Returns|Raises|Yields|Examples?|Notes?):", stripped):
+            section = "other"
+            continue
+        if section == "desc":
+            desc.append(line)
+        elif section == "args":
+            m = re.match(r"\s*(\w+)\s*(\([^)]*\))?\s*:\s*(.*)", line)
+            if m and (line.startswith("    ") or not line.startswith(" ")) and m.group(1) not in params:
+                current = m.group(1)
+                params[current] = m.group(3).strip()
+            elif current and stripped:
+                params[current] = (params[current] + " " + stripped).strip()
+    return " ".join(x.strip() for x in desc if x.strip()), params
+
+
+def tool(
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Any:
+    """Decorator: a `Tool` from a typed function whose docstring describes it (Google-style `Args:`).
+
+    Every parameter needs a type hint and the function a docstring; otherwise definition fails here,
+    not when the model first calls the tool.
+    """
+
+    def build(f: Callable[..., Any]) -> Tool:
+        where = f"tool {name or f.__name__!r}"
+        if not f.__doc__ or not f.__doc__.strip():
+            raise ToolDefinitionError(f"{where} needs a docstring: it becomes the description the model reads")
+        description, param_docs = _parse_docstring(f.__doc__)
+        hints = typing.get_type_hints(f)
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        for pname, param in inspect.signature(f).parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ToolDefinitionError(f"{where}: *args/**kwargs cannot be described to the model")
+            if pname not in hints:
+                raise ToolDefinitionError(f"{where}: parameter {pname!r} needs a type hint")
+            schema = _type_schema(hints[pname], f"{where}, parameter {pname!r}")
+            if pname in param_docs:
+                schema["description"] = param_docs[pname]
+            if param.default is inspect.Parameter.empty:
+                required.append(pname)
+            elif isinstance(param.default, (str, int, float, bool)) or param.default is None:
+                schema["default"] = param.default
+            properties[pname] = schema
+        parameters: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+        if required:
+            parameters["required"] = required
+        return Tool(name or f.__name__, description, parameters, f, timeout_s)
+
+    return build(fn) if fn is not None else build
+
+
+# -- execution --------------------------------------------------------------------------------
+
+
+class _DaemonPool:
+    """Daemon worker threads: a tool that never returns keeps its thread, the episode goes on.
+
+    (concurrent.futures' pool joins its threads at exit, so one hung tool would hang the process.)
+    """
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._idle == 0:
+                threading.Thread(target=self._work, daemon=True, name="agentrig-tool").start()
+            else:
+                self._idle -= 1
+        self._tasks.put((fn, fut))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            fn, fut = self._tasks.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # delivered to the waiting caller, who classifies it
+                fut.set_exception(exc)
+            with self._lock:
+                self._idle += 1
+
+
+_POOL = _DaemonPool()
+
+
+def to_observation(value: Any) -> str:
+    """A tool's return value as text: strings unchanged, everything else as JSON (unserializable parts via repr)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=_json_fallback)
+
+
+def _json_fallback(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, (datetime.date, datetime.datetime, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return repr(value)
+
+
+def truncate(text: str, max_chars: int) -> tuple[str, bool]:
+    """Cut text over `max_chars`, with a visible marker saying how much was left out."""
+    if len(text) <= max_chars:
+        return text, False
+    return text[:max_chars] + feedback("truncated", omitted=len(text) - max_chars), True
+
+
+def _invoke(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    result = fn(**arguments)
+    if inspect.isawaitable(result):
+        return asyncio.run(_await(result))
+    return result
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class ToolSet:
+    """The tools an environment knows, and the allowlist of the current task."""
+
+    def __init__(self, tools: list[Tool], allowed: list[str] | None = None, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS):
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in self.tools:
+                raise ToolDefinitionError(f"two tools are named {t.name!r}")
+            self.tools[t.name] = t
+        names = list(self.tools) if allowed is None else list(allowed)
+        unknown = [n for n in names if n not in self.tools]
+        if unknown:
+            raise ToolDefinitionError(f"allowlist names unknown tools: {', '.join(unknown)}")
+        self.allowed: list[str] = names
+        self.max_output_chars = max_output_chars
+
+    def get(self, name: str) -> Tool | None:
+        """The tool of that name, permitted or not."""
+        return self.tools.get(name)
+
+    def is_allowed(self, name: str) -> bool:
+        """Whether the task's allowlist permits the tool."""
+        return name in self.allowed
+
+    def offered(self) -> list[Tool]:
+        """The tools the task may use, in allowlist order."""
+        return [self.tools[n] for n in self.allowed]
+
+    def specs(self) -> list[dict[str, Any]]:
+        """OpenAI specs of the offered tools."""
+        return [t.spec() for t in self.offered()]
+
+    def validate(self, name: str, arguments: Any) -> list[FieldError]:
+        """Schema violations of a call to a known tool."""
+        return self.tools[name].validate(arguments)
+
+    def execute(self, call: ToolCall, timeout_s: float | None = None) -> ToolResult:
+        """Run a permitted, validated call. Never raises; never runs a tool outside the allowlist."""
+        t = self.tools.get(call.name)
+        if t is None or not self.is_allowed(call.name):
+            return ToolResult(call.id, call.name, feedback("not_permitted", tool=call.name, available=", ".join(self.allowed)), ok=False, error="not_permitted")
+        limit = t.timeout_s if timeout_s is None else timeout_s
+        start = time.perf_counter()
+        fut = _POOL.submit(lambda: _invoke(t.fn, call.arguments))
+        try:
+            value = fut.result(timeout=limit)
+        except BaseException as exc:  # the tool's own failure (even SystemExit): an observation for the model
+            if isinstance(exc, TimeoutError) and not fut.done():
+                return ToolResult(call.id, call.name, feedback("tool_timeout", tool=call.name, seconds=limit),
+                                  ok=False, duration_s=time.perf_counter() - start, error="timeout")
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return ToolResult(call.id, call.name, feedback("tool_exception", reason=reason[:500]), ok=False,
+                              duration_s=time.perf_counter() - start, error="exception")
+        duration = time.perf_counter() - start
+        content, cut = truncate(to_observation(value), self.max_output_chars)
+        return ToolResult(call.id, call.name, content, ok=True, duration_s=duration, truncated=cut)
