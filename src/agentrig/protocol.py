@@ -14,6 +14,7 @@ import abc
 import ast
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -92,7 +93,9 @@ def _load_call_object(raw: str) -> tuple[Any, Repair | None, str | None]:
     except Exception:  # json_repair is a best-effort helper; its failure only means "not repairable"
         pass
     try:
-        value = ast.literal_eval(text)
+        with warnings.catch_warnings():  # model text may hold invalid escapes; not our warning to print
+            warnings.simplefilter("ignore")
+            value = ast.literal_eval(text)
         if isinstance(value, dict):
             return value, Repair("literal_eval", raw, json.dumps(value, ensure_ascii=False, default=repr)), None
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

@@ -142,21 +142,18 @@ def _field_error(err: Any) -> FieldError:
     if v == "additionalProperties":
         extra = re.findall(r"'([^']+)'", err.message)
         return FieldError(path=path, expected="no other fields", given="unexpected field " + ", ".join(extra))
-    expected = {
-        "type": f"type {vv if isinstance(vv, str) else ' or '.join(vv)}",
-        "enum": "one of " + ", ".join(json.dumps(x) for x in vv) if isinstance(vv, list) else "",
-        "minimum": f"a number >= {vv}",
-        "maximum": f"a number <= {vv}",
-        "exclusiveMinimum": f"a number > {vv}",
-        "exclusiveMaximum": f"a number < {vv}",
-        "minLength": f"at least {vv} characters",
-        "maxLength": f"at most {vv} characters",
-        "pattern": f"a string matching {vv}",
-        "minItems": f"at least {vv} items",
-        "maxItems": f"at most {vv} items",
-        "const": f"the value {json.dumps(vv)}",
-        "format": f"format {vv}",
-    }.get(v, f"{v} {_short(vv, 40)}")
+    if v == "type":
+        expected = f"type {vv}" if isinstance(vv, str) else "type " + " or ".join(vv)
+    elif v == "enum":
+        expected = "one of " + ", ".join(json.dumps(x) for x in vv)
+    else:
+        templates = {
+            "minimum": "a number >= {}", "maximum": "a number <= {}", "exclusiveMinimum": "a number > {}",
+            "exclusiveMaximum": "a number < {}", "minLength": "at least {} characters",
+            "maxLength": "at most {} characters", "pattern": "a string matching {}", "minItems": "at least {} items",
+            "maxItems": "at most {} items", "format": "format {}",
+        }
+        expected = templates[v].format(vv) if v in templates else f"{v} {_short(vv, 40)}"
     return FieldError(path=path, expected=expected, given=_short(err.instance))
 
 

@@ -1,0 +1,187 @@
+"""The episode loop, driven end to end by the scripted policy: whole transcripts asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrig.demo import SCRIPT, run_demo
+from agentrig.harness import (EpisodeRunner, HarnessConfig, PolicyReply, ScriptedPolicy, context_at, run_episode,
+                              run_episodes)
+from agentrig.protocol import feedback
+from agentrig.tools import Tool, ToolSet, tool
+from agentrig.trajectory import TaskSpec, ToolResult, read_episodes
+
+TASK = TaskSpec(id="t", prompt="What is 2 + 3?")
+
+
+def call(name, **args):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first
+        b: second
+    """
+    return a + b
+
+
+@tool
+def flaky(x: int) -> int:
+    """Always fails.
+
+    Args:
+        x: anything
+    """
+    raise RuntimeError("service down")
+
+
+def tools(allowed=None):
+    return ToolSet([add, flaky], allowed=allowed)
+
+
+def test_whole_transcript_with_schema_error_then_success():
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a="2", b=3), call("add", b=3, a=2), "2 + 3 = 5."]),
+                     HarnessConfig(memory=False))
+    assert ep.termination == "final_answer" and ep.final_answer == "2 + 3 = 5."
+    roles = [m["role"] for m in ep.messages_full]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert ep.messages_full[3]["content"] == feedback(
+        "schema_violation", tool="add", fields='- arguments.a: expected type integer, got "2"')
+    # arguments normalized to the schema's key order
+    assert ep.messages_full[4]["tool_calls"][0]["function"]["arguments"] == '{"a": 2, "b": 3}'
+    assert ep.messages_full[5]["content"] == "5"
+    assert [d.kind for d in ep.steps[0].defects] == ["schema_violation"]
+    assert ep.tool_failures == {"add": 1}
+
+
+def test_not_permitted_and_unknown_tools_are_never_run():
+    ep = run_episode(TASK, tools(allowed=["add"]), ScriptedPolicy([call("flaky", x=1), call("nosuch"), "I cannot."]))
+    kinds = [d.kind for s in ep.steps for d in s.defects]
+    assert kinds == ["not_permitted", "unknown_tool"]
+    assert ep.steps[0].results[0].error == "not_permitted" and "service down" not in ep.steps[0].results[0].content
+
+
+def test_recovery_rule_fires_after_three_failures():
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("flaky", x=1), call("flaky", x=2), call("flaky", x=3),
+                                                    call("add", a=2, b=3), "5"]), HarnessConfig(memory=False))
+    assert ep.steps[2].notices == [feedback("switch_tool", tool="flaky", count=3)]
+    assert ep.steps[0].notices == [] and ep.steps[1].notices == []
+    assert ep.messages_full[-4] == {"role": "user", "content": feedback("switch_tool", tool="flaky", count=3)}
+    assert ep.tool_failures == {"flaky": 3} and ep.termination == "final_answer"
+
+
+def test_identical_call_three_times_is_stuck():
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=1, b=1)] * 5))
+    assert ep.termination == "stuck" and len(ep.steps) == 3
+    assert "identical call to 'add' 3 times" in ep.steps[-1].notices[-1]
+
+
+def test_max_steps_token_budget_and_wall_clock():
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=i, b=1) for i in range(20)]), HarnessConfig(max_steps=4))
+    assert ep.termination == "max_steps" and len(ep.steps) == 4
+    ep = run_episode(TASK, tools(), ScriptedPolicy([PolicyReply(call("add", a=i, b=1), prompt_tokens=400, completion_tokens=10)
+                                                    for i in range(20)]), HarnessConfig(token_budget=1000))
+    assert ep.termination == "token_budget" and len(ep.steps) == 3
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=i, b=1) for i in range(20)]), HarnessConfig(wall_clock_s=0.0))
+    assert ep.termination == "wall_clock" and len(ep.steps) == 0
+
+
+def test_unparseable_and_empty_outputs_get_feedback_and_loop_goes_on():
+    ep = run_episode(TASK, tools(), ScriptedPolicy(["<tool_call>{{{</tool_call>", "", call("add", a=2, b=3), "5"]))
+    assert [d.kind for d in ep.steps[0].defects] == ["unparseable_call"]
+    assert ep.messages_full[2] == {"role": "assistant", "content": "<tool_call>{{{</tool_call>"}
+    assert ep.messages_full[3]["role"] == "user" and ep.messages_full[3]["content"].startswith("Error: your tool call could not be parsed")
+    assert ep.messages_full[5]["content"] == feedback("empty_output")
+    assert ep.final_answer == "5"
+
+
+def test_note_compresses_memory_and_context_at_reproduces_every_prompt():
+    seen = []
+
+    def policy(req):
+        seen.append(req.messages)
+        return script.pop(0)
+
+    script = [call("add", a=1, b=2), call("note", summary="1+2=3"), call("add", a=3, b=4), "3 and 7"]
+    ep = run_episode(TASK, tools(), policy)
+    assert [e.reason for e in ep.memory_events] == ["note"]
+    assert len(seen[2]) == 2 and seen[2][0]["content"].endswith("Memory (finished sub-goals):\n- 1+2=3")
+    assert all(context_at(ep, i) == seen[i] for i in range(len(ep.steps)))
+
+
+def test_context_budget_compresses_with_extractive_summary():
+    seen = []
+
+    def policy(req):
+        seen.append(req.messages)
+        return script.pop(0)
+
+    script = [call("add", a=i, b=1) for i in range(6)] + ["done"]
+    ep = run_episode(TASK, tools(), policy, HarnessConfig(context_budget=400, keep_last_turns=1, memory=False))
+    events = ep.memory_events
+    assert events and all(e.reason == "token_budget" and e.extractive for e in events)
+    assert "add(a=0, b=1) -> 1" in events[0].summary
+    assert all(context_at(ep, i) == seen[i] for i in range(len(ep.steps)))
+
+
+def test_tool_hook_wraps_execution_and_faults_are_recorded():
+    def hook(call_, execute):
+        return ToolResult(call_.id, call_.name, "Error: 503 Service Unavailable", ok=False, fault="error", error="error")
+
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=1, b=1), "I could not compute it: the service is down."]),
+                     tool_hook=hook)
+    assert ep.faults == ["error"] and ep.steps[0].results[0].content == "Error: 503 Service Unavailable"
+
+
+def test_run_episodes_batches_each_round():
+    class Batch:
+        calls = []
+
+        def generate_batch(self, requests):
+            self.calls.append(len(requests))
+            return [call("add", a=1, b=2) if r.step == 0 else "3" for r in requests]
+
+    jobs = [(TaskSpec(id=f"t{i}", prompt="1+2?"), tools(), None) for i in range(5)]
+    eps = run_episodes(jobs, Batch(), batch_size=4)
+    assert [e.episode_id for e in eps] == [f"t{i}" for i in range(5)]
+    assert all(e.final_answer == "3" for e in eps)
+    assert Batch.calls == [4, 4, 1, 1]
+
+
+def test_async_policy_and_runner_state_machine():
+    async def policy(req):
+        return "no tool needed"
+
+    ep = run_episode(TASK, tools(), policy)
+    assert ep.final_answer == "no tool needed"
+    runner = EpisodeRunner(TASK, tools())
+    assert runner.request().step == 0
+    runner.submit("done")
+    assert runner.request() is None and runner.episode.termination == "final_answer"
+
+
+def test_detour_weight_is_recorded():
+    ep = run_episode(TASK, tools(), ScriptedPolicy([PolicyReply(call("flaky", x=1), weight=0.0), call("add", a=2, b=3), "5"]))
+    assert [s.weight for s in ep.steps] == [0.0, 1.0, 1.0] and ep.detours == 1
+
+
+def test_demo_recovers_and_writes_a_record(tmp_path):
+    ep = run_demo(tmp_path / "ep.jsonl")
+    assert ep.termination == "final_answer" and ep.tool_failures == {"get_weather": 3}
+    assert ep.steps[2].notices and "get_weather" in ep.steps[2].notices[0]
+    assert [c.name for c in ep.steps[3].calls] == ["search_web"]
+    assert len(ep.steps) == len(SCRIPT)
+    assert read_episodes(tmp_path / "ep.jsonl")[0].to_dict() == ep.to_dict()
+
+
+def test_scripted_policy_running_out_is_a_clear_error():
+    from agentrig.errors import AgentrigError
+
+    with pytest.raises(AgentrigError, match="ran out of replies"):
+        run_episode(TASK, tools(), ScriptedPolicy([call("add", a=1, b=1)]))

@@ -1,0 +1,67 @@
+"""Output protocols: system prompt, strict parse, recorded repairs, and defect classification."""
+
+from __future__ import annotations
+
+import json
+
+from agentrig.harness import HarnessConfig
+from agentrig.protocol import DEFECT_KINDS, feedback, get_protocol
+from agentrig.trajectory import ToolCall
+
+H = get_protocol("hermes")
+L = get_protocol("llama31")
+SPEC = {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
+
+
+def test_hermes_system_prompt_lists_tools_format_and_rules():
+    prompt = H.system_prompt([SPEC], HarnessConfig(max_steps=7))
+    assert f"<tools>\n{json.dumps(SPEC)}\n</tools>" in prompt
+    assert "<tool_call>" in prompt and "at most 7 steps" in prompt and "3 times in a row" in prompt
+
+
+def test_strict_parse_of_text_and_parallel_calls():
+    out = 'Checking both.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>'
+    p = H.parse(out, id_prefix="call_3")
+    assert p.text == "Checking both." and not p.repairs and not p.defects and not p.is_final
+    assert p.calls == [ToolCall("call_3_0", "add", {"a": 1}), ToolCall("call_3_1", "add", {"a": 2})]
+    assert H.assistant_text(p.text, p.calls) == out
+
+
+def test_final_answer():
+    p = H.parse("The total is 42.")
+    assert p.is_final and p.text == "The total is 42." and not p.calls
+
+
+def test_repairs_are_recorded():
+    p = H.parse("<tool_call>{'name': 'add', 'arguments': {'a': 1}}</tool_call>")
+    assert p.calls[0].arguments == {"a": 1} and p.repairs[0].kind in ("json_repair", "literal_eval")
+    p = H.parse('<tool_call>{"name": "add", "parameters": {"a": 1}}</tool_call>')
+    assert p.calls[0].arguments == {"a": 1} and [r.kind for r in p.repairs] == ["key_alias"]
+    p = H.parse('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>')
+    assert p.calls[0].arguments == {"a": 1} and [r.kind for r in p.repairs] == ["arguments_string"]
+    p = H.parse('{"name": "add", "arguments": {"a": 1}}')
+    assert p.calls[0].name == "add" and p.repairs[0].kind == "bare_json"
+    p = H.parse('<tool_call>\n{"name": "add", "arguments": {"a": 1}}')
+    assert p.calls and "unclosed_block" in [r.kind for r in p.repairs]
+
+
+def test_defects_are_classified():
+    assert H.parse("").defects[0].kind == "empty_output"
+    assert H.parse("   \n").defects[0].message == feedback("empty_output")
+    p = H.parse("<tool_call>not json at all</tool_call>")
+    assert p.defects[0].kind == "unparseable_call" and not p.calls
+    p = H.parse('<tool_call>{"arguments": {}}</tool_call>')
+    assert p.defects[0].kind == "unparseable_call" and "name" in p.defects[0].message
+    p = H.parse('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n<tool_response>\n{"result": 99}\n</tool_response>')
+    assert [d.kind for d in p.defects] == ["self_written_response"] and p.calls[0].name == "add"
+    assert set(DEFECT_KINDS) >= {d.kind for d in p.defects}
+
+
+def test_llama31_protocol_round_trip():
+    calls = [ToolCall("x", "add", {"a": 1})]
+    text = L.assistant_text("", calls)
+    assert text == '{"name": "add", "parameters": {"a": 1}}'
+    p = L.parse("Sure.\n" + text, id_prefix="c")
+    assert p.calls == [ToolCall("c_0", "add", {"a": 1})] and p.text == "Sure."
+    assert '"parameters"' in L.system_prompt([SPEC], HarnessConfig())
+    assert L.parse("Done: 3.").is_final

@@ -1,0 +1,137 @@
+"""Tools: definition from functions and schemas, per-field validation, allowlist, safe execution."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import pytest
+
+from agentrig.tools import Tool, ToolDefinitionError, ToolSet, tool
+from agentrig.trajectory import ToolCall
+
+
+@tool
+def lookup(customer: str, limit: int = 5, region: Literal["north", "south"] | None = None) -> dict:
+    """Find a customer.
+
+    Args:
+        customer: the customer's name
+        limit: how many rows
+        region: optional region filter
+    """
+    return {"customer": customer, "limit": limit}
+
+
+def test_schema_from_typed_docstringed_function():
+    spec = lookup.spec()["function"]
+    assert spec["name"] == "lookup" and spec["description"] == "Find a customer."
+    props = spec["parameters"]["properties"]
+    assert props["customer"] == {"type": "string", "description": "the customer's name"}
+    assert props["limit"] == {"type": "integer", "description": "how many rows", "default": 5}
+    assert props["region"]["anyOf"] == [{"enum": ["north", "south"]}, {"type": "null"}]
+    assert spec["parameters"]["required"] == ["customer"]
+
+
+def test_missing_hints_or_docstring_fail_at_definition():
+    with pytest.raises(ToolDefinitionError, match="needs a docstring"):
+        @tool
+        def nodoc(x: int) -> int:
+            return x
+
+    with pytest.raises(ToolDefinitionError, match="parameter 'x' needs a type hint"):
+        @tool
+        def nohint(x) -> int:
+            """Doc."""
+            return x
+
+    with pytest.raises(ToolDefinitionError, match="invalid JSON schema"):
+        Tool.from_schema("bad", "desc", {"type": "object", "properties": {"a": {"type": "nonsense"}}}, lambda: 1)
+
+
+def test_validation_reports_every_field_and_coerces_nothing():
+    errors = lookup.validate({"limit": "5", "region": "east", "extra": 1})
+    by_path = {e.path: e for e in errors}
+    assert by_path["arguments.customer"].expected == "a required field"
+    assert by_path["arguments.limit"].expected == "type integer" and by_path["arguments.limit"].given == '"5"'
+    assert "arguments.region" in by_path
+    assert any("unexpected field extra" in e.given for e in errors)
+    assert lookup.validate({"customer": "Ada"}) == []
+    assert lookup.validate([1, 2])[0].expected == "an object"
+
+
+def test_from_openai_spec_and_renamed_tool_translates_arguments():
+    t = Tool.from_openai({"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+        lambda a, b: a + b)
+    r = t.renamed("plus", "Sum two integers.", {"a": "x", "b": "y"})
+    assert r.parameters["required"] == ["x", "y"]
+    res = ToolSet([r]).execute(ToolCall("c", "plus", {"x": 2, "y": 3}))
+    assert res.ok and res.content == "5"
+
+
+def test_allowlist_blocks_execution():
+    ran = []
+    t = Tool.from_schema("danger", "Deletes things.", {"type": "object", "properties": {}}, lambda: ran.append(1))
+    ts = ToolSet([t, lookup], allowed=["lookup"])
+    res = ts.execute(ToolCall("c", "danger", {}))
+    assert not res.ok and res.error == "not_permitted" and "not permitted" in res.content
+    assert ran == []
+    assert [x.name for x in ts.offered()] == ["lookup"]
+
+
+def _tool(fn, name="t", timeout_s=10.0):
+    return Tool.from_schema(name, "A test tool.", {"type": "object", "properties": {}}, fn, timeout_s)
+
+
+def test_exception_becomes_readable_observation():
+    def boom():
+        raise PermissionError("permission denied for table orders")
+
+    res = ToolSet([_tool(boom)]).execute(ToolCall("c", "t", {}))
+    assert not res.ok and res.error == "exception"
+    assert res.content == "Tool execution failed: PermissionError: permission denied for table orders"
+    assert "Traceback" not in res.content
+
+
+def test_tool_that_blocks_forever_is_abandoned():
+    def hang():
+        time.sleep(3600)
+
+    start = time.perf_counter()
+    res = ToolSet([_tool(hang, timeout_s=0.2)]).execute(ToolCall("c", "t", {}))
+    assert time.perf_counter() - start < 2
+    assert not res.ok and res.error == "timeout" and "timed out after 0.2 s" in res.content
+
+
+def test_tool_raising_systemexit_or_timeouterror_is_an_observation():
+    def leave():
+        raise SystemExit(3)
+
+    def own_timeout():
+        raise TimeoutError("upstream took too long")
+
+    ts = ToolSet([_tool(leave, "a"), _tool(own_timeout, "b")])
+    assert ts.execute(ToolCall("c", "a", {})).error == "exception"
+    res = ts.execute(ToolCall("c", "b", {}))
+    assert res.error == "exception" and "upstream took too long" in res.content
+
+
+def test_unserializable_and_huge_results():
+    class Thing:
+        def __repr__(self):
+            return "<Thing>"
+
+    ts = ToolSet([_tool(lambda: {"when": __import__("datetime").date(2026, 1, 2), "obj": Thing(), "s": {1}}, "a"),
+                  _tool(lambda: "x" * 10_000, "b")], max_output_chars=100)
+    res = ts.execute(ToolCall("c", "a", {}))
+    assert res.ok and res.content == '{"when": "2026-01-02", "obj": "<Thing>", "s": [1]}'
+    big = ts.execute(ToolCall("c", "b", {}))
+    assert big.truncated and big.content.startswith("x" * 100) and "[output truncated: 9900 more characters]" in big.content
+
+
+def test_async_tool_runs():
+    async def fetch():
+        return "fetched"
+
+    assert ToolSet([_tool(fetch)]).execute(ToolCall("c", "t", {})).content == "fetched"
