@@ -1,0 +1,429 @@
+"""`agentrig collect`: run a teacher through the harness on an environment's tasks and save the episodes.
+
+Recipe: load the environment and teacher, then for each index i: task i of the split (seeded by
+(seed, i)), augmentation (paraphrase, renaming) seeded by (seed, i), a fault injector seeded by
+(seed, i), one episode through the harness, the checker's verdict stored on the episode. Lines are
+appended in index order, each complete and flushed; fsync follows every batch of lines (at most
+~50 ms apart) and the end. Failures are kept and labelled (`success`, `check`), never dropped.
+
+Resume: `--resume` reads the file, cuts a torn last line, checks that the saved settings
+(`OUT.meta.json`) match, and continues at the next index. Because everything is a function of
+(seed, index), a resumed file equals an uninterrupted one except timing fields (`TIMING_FIELDS`).
+`--workers N` runs expert episodes in N processes (spawned); results are still written in order.
+Other teachers (`openai`, `model`) run in this process, batched with `run_episodes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from agentrig.augment import Augment, apply_rename, flatten_weights, paraphrase
+from agentrig.errors import ConfigError
+from agentrig.faults import FaultConfig
+
+# Fields that hold measured times; everything else in a line is a function of the settings and index.
+TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
+_FSYNC_EVERY_S = 0.05
+
+
+@dataclass
+class CollectConfig:
+    """Settings of one collection (saved beside the output as OUT.meta.json)."""
+
+    env: str = "datadesk"
+    split: str = "train"
+    episodes: int = 100
+    teacher: str = "expert"  # expert | openai | model
+    model: str | None = None
+    base_url: str | None = None
+    adapter: str | None = None
+    temperature: float = 0.0
+    faults: float = 0.25
+    fault_rates: dict[str, float] = field(default_factory=dict)  # overrides `faults` when given
+    seed: int = 0
+    out: str = "data/train.jsonl"
+    workers: int = 1
+    paraphrase: float = 0.3
+    rename: float = 0.0
+    detours: float = 0.1
+    balance: bool = False
+    max_steps: int = 12
+    batch_size: int = 16
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide the content (not where or how fast it is produced)."""
+        d = asdict(self)
+        for k in ("out", "workers", "episodes", "batch_size"):
+            d.pop(k)
+        return d
+
+
+@dataclass
+class CollectSummary:
+    """What a collection produced (counts over the whole file, resumed parts included)."""
+
+    out: str
+    episodes: int
+    written: int
+    successes: int
+    faults: Counter[str]
+    recovered: int
+    detours: int
+    by_family: dict[str, list[int]]  # family -> [episodes, successes]
+    tool_calls: Counter[str]
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Episodes written per second in this run."""
+        return self.written / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- one episode, a pure function of (config, index) ------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _setup_worker(cfg: CollectConfig) -> None:
+    """Per-process state: environment, teacher, fault config, harness config."""
+    from agentrig.envs import load_env
+    from agentrig.harness import HarnessConfig
+
+    env = load_env(cfg.env)
+    _WORKER.clear()
+    _WORKER.update(cfg=cfg, env=env, harness=HarnessConfig(max_steps=cfg.max_steps),
+                   faults=FaultConfig(rates=cfg.fault_rates) if cfg.fault_rates else FaultConfig.from_total(cfg.faults),
+                   augment=Augment(paraphrase=cfg.paraphrase, rename=cfg.rename, detour_rate=cfg.detours,
+                                   balance=cfg.balance),
+                   weights=_family_weights(env, cfg))
+    if cfg.teacher == "expert":
+        _WORKER["teacher"] = _expert(env, cfg)
+
+
+def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
+    if not cfg.balance:
+        return None
+    from agentrig.envs.datadesk.tasks import FAMILIES
+
+    if env.name != "datadesk":
+        raise ConfigError("--balance needs an environment with known family tools (datadesk)")
+    sample = env.tasks(cfg.split, 200, seed=10_000 + cfg.seed)
+    tools = {t.family: list(t.expected.get("needed_tools", [])) for t in sample}
+    return flatten_weights({f: tools.get(f, []) for f in FAMILIES})
+
+
+def _expert(env: Any, cfg: CollectConfig) -> Any:
+    from agentrig.teacher import ExpertTeacher
+
+    if env.name == "datadesk":
+        return ExpertTeacher(detour_rate=cfg.detours, seed=cfg.seed)
+    expert = env.expert()
+    if expert is None:
+        raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")
+    return expert
+
+
+def prepare(index: int) -> tuple[Any, Any, Any, Any]:
+    """Task, tools, state and fault hook of episode `index` (in the current worker)."""
+    cfg: CollectConfig = _WORKER["cfg"]
+    env = _WORKER["env"]
+    task = env.tasks(cfg.split, 1, seed=cfg.seed, start=index, **({"family_weights": _WORKER["weights"]}
+                                                                 if _WORKER["weights"] else {}))[0]
+    tools, state = env.setup(task)
+    rng = random.Random(f"augment/{cfg.seed}/{index}")
+    aug: Augment = _WORKER["augment"]
+    if aug.paraphrase and rng.random() < aug.paraphrase:
+        task.prompt = paraphrase(task.prompt, rng)
+    if aug.rename and cfg.split == "train" and rng.random() < aug.rename:
+        task, tools = apply_rename(task, tools, rng)
+    task.metadata["collect"] = {"index": index, "seed": cfg.seed, "teacher": cfg.teacher}
+    renames = (task.metadata.get("rename") or {}).get("tools")
+    hook = _WORKER["faults"].injector(f"{cfg.seed}/{index}", renames) if _WORKER["faults"].total > 0 else None
+    return task, tools, state, hook
+
+
+def finish(task: Any, state: Any, episode: Any) -> str:
+    """Check the episode, label it, release the state; the JSONL line."""
+    from agentrig.trajectory import dumps_episode
+
+    env = _WORKER["env"]
+    result = env.check(task, state, episode)
+    env.close(state)
+    episode.success = result.success
+    episode.check = result.to_dict()
+    return dumps_episode(episode)
+
+
+def run_one(index: int) -> str:
+    """Episode `index` with the expert teacher, as its JSONL line."""
+    from agentrig.harness import run_episode
+
+    task, tools, state, hook = prepare(index)
+    ep = run_episode(task, tools, _WORKER["teacher"], _WORKER["harness"], tool_hook=hook,
+                     episode_id=task.id, seed=_WORKER["cfg"].seed)
+    return finish(task, state, ep)
+
+
+# -- the file: resume, torn lines, ordered appends ----------------------------------------------
+
+
+def resume_point(path: Path) -> int:
+    """Complete lines in `path`, after cutting a torn or unreadable last line off the file."""
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    good_end = 0
+    count = 0
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        try:
+            json.loads(data[pos:nl])
+        except ValueError:
+            break
+        count += 1
+        good_end = nl + 1
+        pos = nl + 1
+    if good_end < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(good_end)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return count
+
+
+def _meta_path(out: Path) -> Path:
+    return out.with_name(out.name + ".meta.json")
+
+
+def _check_meta(cfg: CollectConfig, out: Path) -> None:
+    meta = _meta_path(out)
+    if not meta.exists():
+        raise ConfigError(f"--resume: {meta} is missing, so the settings of {out} are unknown; start without --resume")
+    saved = json.loads(meta.read_text())
+    if saved != cfg.identity():
+        diff = sorted(k for k in set(saved) | set(cfg.identity()) if saved.get(k) != cfg.identity().get(k))
+        raise ConfigError(f"--resume: settings differ from those {out} was collected with: {', '.join(diff)}")
+
+
+def _lines(cfg: CollectConfig, start: int) -> Iterator[str]:
+    """Lines start..episodes-1 in index order, from workers, this process, or a batched teacher."""
+    indices = range(start, cfg.episodes)
+    if cfg.teacher == "expert" and cfg.workers > 1:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(cfg.workers, initializer=_setup_worker, initargs=(cfg,)) as pool:
+            yield from pool.imap(run_one, indices, chunksize=8)
+        return
+    _setup_worker(cfg)
+    if cfg.teacher == "expert":
+        for i in indices:
+            yield run_one(i)
+        return
+    from agentrig.harness import run_episodes
+
+    policy = _remote_teacher(cfg)
+    try:
+        for lo in range(start, cfg.episodes, cfg.batch_size):
+            batch = [prepare(i) for i in range(lo, min(lo + cfg.batch_size, cfg.episodes))]
+            eps = run_episodes([(t, tl, h) for t, tl, _s, h in batch], policy, _WORKER["harness"],
+                               batch_size=cfg.batch_size, episode_ids=[t.id for t, *_ in batch])
+            for (task, _tl, state, _h), ep in zip(batch, eps):
+                yield finish(task, state, ep)
+    finally:
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
+
+
+def _remote_teacher(cfg: CollectConfig) -> Any:
+    """The OpenAI-compatible endpoint or a local model (with an adapter) as the teacher."""
+    if not cfg.model:
+        raise ConfigError(f"--teacher {cfg.teacher} needs --model")
+    if cfg.teacher == "openai":
+        from agentrig.openai_policy import OpenAIPolicy
+
+        if not cfg.base_url:
+            raise ConfigError("--teacher openai needs --base-url (the key is read from OPENAI_API_KEY)")
+        return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature)
+    if cfg.teacher == "model":
+        from agentrig.hf_policy import HFPolicy
+
+        adapters = {"adapter": cfg.adapter} if cfg.adapter else None
+        return HFPolicy.from_pretrained(cfg.model, adapters, temperature=cfg.temperature,
+                                        batch_size=cfg.batch_size)
+    raise ConfigError(f"unknown teacher {cfg.teacher!r}: use expert, openai or model")
+
+
+def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True) -> CollectSummary:
+    """Collect `cfg.episodes` episodes into `cfg.out` (appending after a resume point); return the summary."""
+    if cfg.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {cfg.workers}")
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if resume and out.exists():
+        _check_meta(cfg, out)
+        start = resume_point(out)
+    else:
+        start = 0
+        out.write_bytes(b"")
+        _meta_path(out).write_text(json.dumps(cfg.identity(), indent=1))
+    started = time.perf_counter()
+    written = 0
+    live = _LiveCounts()
+    with open(out, "a", encoding="utf-8") as fh, _progress(progress, cfg.episodes, start) as bar:
+        last_sync = time.monotonic()
+        for line in _lines(cfg, start) if start < cfg.episodes else iter(()):
+            fh.write(line + "\n")
+            fh.flush()
+            written += 1
+            live.add(json.loads(line))
+            if time.monotonic() - last_sync > _FSYNC_EVERY_S:
+                os.fsync(fh.fileno())
+                last_sync = time.monotonic()
+            bar.update(live)
+        os.fsync(fh.fileno())
+    summary = summarize(out, written, time.perf_counter() - started)
+    if progress:
+        print_summary(summary)
+    return summary
+
+
+# -- live counts, progress and the summary -------------------------------------------------------
+
+
+class _LiveCounts:
+    def __init__(self) -> None:
+        self.successes = self.faults = self.recovered = 0
+
+    def add(self, ep: dict[str, Any]) -> None:
+        self.successes += bool(ep.get("success"))
+        self.faults += len(ep.get("faults", []))
+        self.recovered += bool(ep.get("success")) and bool(ep.get("faults"))
+
+
+class _progress:
+    """A rich progress bar with live counts (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, done: int):
+        self.enabled, self.total, self.done = enabled, total, done
+
+    def __enter__(self) -> "_progress":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.p = Progress(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                              TextColumn("{task.fields[counts]}"))
+            self.p.__enter__()
+            self.t = self.p.add_task("collect", total=self.total, completed=self.done, counts="")
+        return self
+
+    def update(self, live: _LiveCounts) -> None:
+        if self.enabled:
+            self.p.update(self.t, advance=1, counts=f"ok {live.successes}  faults {live.faults}  "
+                                                    f"recovered {live.recovered}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.p.__exit__(*exc)
+
+
+def summarize(out: Path, written: int, seconds: float) -> CollectSummary:
+    """Counts over the whole output file."""
+    by_family: dict[str, list[int]] = {}
+    faults: Counter[str] = Counter()
+    tools: Counter[str] = Counter()
+    n = ok = recovered = detours = 0
+    with open(out, encoding="utf-8") as fh:
+        for line in fh:
+            ep = json.loads(line)
+            n += 1
+            success = bool(ep.get("success"))
+            ok += success
+            fam = by_family.setdefault(ep["task"]["family"] or "-", [0, 0])
+            fam[0] += 1
+            fam[1] += success
+            faults.update(ep.get("faults", []))
+            recovered += success and bool(ep.get("faults"))
+            back = {v: k for k, v in (ep["task"]["metadata"].get("rename") or {}).get("tools", {}).items()}
+            for step in ep["steps"]:
+                detours += step["weight"] == 0.0
+                tools.update(back.get(c["name"], c["name"]) for c in step["calls"])
+    return CollectSummary(str(out), n, written, ok, faults, recovered, detours, by_family, tools, seconds)
+
+
+def print_summary(s: CollectSummary) -> None:
+    """Tables per family, per fault kind and per tool."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    fam = Table(title=f"{s.out}: {s.episodes} episodes, {s.successes} successful, {s.recovered} recovered "
+                      f"after faults, {s.detours} detour steps ({s.rate:.1f} episodes/s this run)")
+    for col in ("family", "episodes", "success"):
+        fam.add_column(col)
+    for name, (n, ok) in sorted(s.by_family.items()):
+        fam.add_row(name, str(n), f"{100 * ok / n:.0f}%")
+    console.print(fam)
+    ft = Table(title="faults injected")
+    ft.add_column("kind")
+    ft.add_column("count")
+    for kind, n in s.faults.most_common():
+        ft.add_row(kind, str(n))
+    console.print(ft)
+    tt = Table(title="tool calls (balance)")
+    tt.add_column("tool")
+    tt.add_column("calls")
+    for name, n in s.tool_calls.most_common():
+        tt.add_row(name, str(n))
+    console.print(tt)
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of `agentrig collect`."""
+    d = CollectConfig()
+    parser.add_argument("--env", default=d.env, help="'datadesk' or path/to/file.py:make_env")
+    parser.add_argument("--split", default=d.split, help="train, dev, test or test_unseen_tools")
+    parser.add_argument("--episodes", type=int, default=d.episodes, help="total episodes in the output")
+    parser.add_argument("--teacher", default=d.teacher, choices=["expert", "openai", "model"])
+    parser.add_argument("--model", default=None, help="model name (openai) or name/folder (model teacher)")
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible API root; key from OPENAI_API_KEY")
+    parser.add_argument("--adapter", default=None, help="LoRA adapter folder for --teacher model")
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--faults", type=float, default=d.faults, help="share of tool calls that get a fault")
+    parser.add_argument("--fault-rates", default="", help="per-kind rates, e.g. timeout=0.1,error_503=0.05")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--out", default=d.out)
+    parser.add_argument("--workers", type=int, default=d.workers, help="processes (expert teacher)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted collection")
+    parser.add_argument("--paraphrase", type=float, default=d.paraphrase, help="share of prompts lightly rewritten")
+    parser.add_argument("--rename", type=float, default=d.rename, help="share of train episodes with renamed tools")
+    parser.add_argument("--detours", type=float, default=d.detours, help="share of episodes with a detour step")
+    parser.add_argument("--balance", action="store_true", help="flatten tool frequencies via family weights")
+    parser.add_argument("--max-steps", type=int, default=d.max_steps)
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `agentrig collect`."""
+    rates = FaultConfig.parse(args.fault_rates).rates if args.fault_rates else {}
+    cfg = CollectConfig(env=args.env, split=args.split, episodes=args.episodes, teacher=args.teacher,
+                        model=args.model, base_url=args.base_url, adapter=args.adapter,
+                        temperature=args.temperature, faults=args.faults, fault_rates=rates, seed=args.seed,
+                        out=args.out, workers=args.workers, paraphrase=args.paraphrase, rename=args.rename,
+                        detours=args.detours, balance=args.balance, max_steps=args.max_steps)
+    run_collect(cfg, resume=args.resume, progress=not args.no_progress)
+    return 0

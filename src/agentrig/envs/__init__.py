@@ -1,0 +1,40 @@
+"""Environments: `load_env("datadesk")` or `load_env("path/to/file.py:make_env")` (see docs/environments.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from agentrig.envs.base import SPLITS, CheckResult, Environment
+from agentrig.errors import ConfigError
+
+__all__ = ["SPLITS", "CheckResult", "Environment", "load_env"]
+
+
+def load_env(spec: str) -> Environment:
+    """The environment named by `spec`: "datadesk", or "path/to/file.py:make_env" (a function returning one)."""
+    if spec == "datadesk":
+        from agentrig.envs.datadesk import DatadeskEnv
+
+        return DatadeskEnv()
+    if ":" not in spec:
+        raise ConfigError(f"unknown environment {spec!r}: use 'datadesk' or 'path/to/file.py:make_env'")
+    path_text, func_name = spec.rsplit(":", 1)
+    path = Path(path_text)
+    if not path.is_file():
+        raise ConfigError(f"environment file {path} does not exist (from --env {spec!r})")
+    module_name = f"agentrig_user_env_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module  # dataclasses and pickling (worker processes) look modules up here
+    module_spec.loader.exec_module(module)
+    factory = getattr(module, func_name, None)
+    if factory is None or not callable(factory):
+        raise ConfigError(f"{path} has no function {func_name!r}")
+    env = factory()
+    if not isinstance(env, Environment):
+        raise ConfigError(f"{spec} returned {type(env).__name__}, not an agentrig.envs.Environment")
+    return env

@@ -1,0 +1,69 @@
+"""The built-in `datadesk` environment: "look up and summarize the data I name" over a seeded SQLite business DB.
+
+`db.py` generates the database, `tools.py` defines the tools, `tasks.py` the task families and splits,
+`checker.py` the success rules. The expert teacher for these families is `agentrig.teacher`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from agentrig.envs.base import CheckResult, Environment
+from agentrig.envs.datadesk.checker import check_datadesk
+from agentrig.envs.datadesk.db import ensure_db, open_readonly
+from agentrig.envs.datadesk.tasks import FAMILIES, UNSEEN_FAMILIES, TaskFactory
+from agentrig.envs.datadesk.tools import ALL_TOOLS, SEEN_TOOLS, DatadeskState, bind_tools
+from agentrig.tools import ToolSet
+from agentrig.trajectory import Episode, TaskSpec
+
+
+class DatadeskEnv(Environment):
+    """Seeded business-data tasks; the database is generated on first use into the agentrig cache."""
+
+    name = "datadesk"
+    families = FAMILIES + UNSEEN_FAMILIES
+
+    def __init__(self, db_seed: int = 0):
+        self.db_seed = db_seed
+        self.db_file: Path = ensure_db(db_seed)
+        self._conn: sqlite3.Connection | None = None
+        self._factory: TaskFactory | None = None
+
+    @property
+    def factory(self) -> TaskFactory:
+        """The task generator (opened lazily, so a pickled env opens its own connection per process)."""
+        if self._factory is None:
+            self._conn = open_readonly(self.db_file)
+            self._factory = TaskFactory(self._conn, self.db_seed)
+        return self._factory
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"db_seed": self.db_seed, "db_file": self.db_file, "_conn": None, "_factory": None}
+
+    def tasks(self, split: str, n: int, seed: int = 0, start: int = 0,
+              family_weights: dict[str, float] | None = None) -> list[TaskSpec]:
+        """Tasks start..start+n-1 of `split`; `family_weights` reweights the family draw (tool balance)."""
+        self.check_split(split)
+        return [self.factory.task(split, seed, i, family_weights) for i in range(start, start + n)]
+
+    def setup(self, task: TaskSpec) -> tuple[ToolSet, DatadeskState]:
+        """All tools of the task's split bound to a fresh state; held-out ticket tools exist only for unseen tasks."""
+        state = DatadeskState(self.db_file)
+        names = ALL_TOOLS if task.metadata.get("unseen_tools") else SEEN_TOOLS
+        return ToolSet(bind_tools(state, names), allowed=list(task.allowed_tools)), state
+
+    def check(self, task: TaskSpec, state: DatadeskState, episode: Episode) -> CheckResult:
+        """See `agentrig.envs.datadesk.checker`."""
+        return check_datadesk(task, state, episode)
+
+    def close(self, state: DatadeskState) -> None:
+        """Close the episode's database connections."""
+        state.close()
+
+    def expert(self) -> Any:
+        """The programmatic teacher (`agentrig.teacher.ExpertTeacher`)."""
+        from agentrig.teacher import ExpertTeacher
+
+        return ExpertTeacher()

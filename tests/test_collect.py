@@ -1,0 +1,143 @@
+"""`agentrig collect`: ordered, labelled output; SIGKILL + --resume equals an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrig.collect import TIMING_FIELDS, CollectConfig, resume_point, run_collect
+from agentrig.errors import ConfigError
+
+N = 150
+
+
+def _norm(obj):
+    """A line without its timing fields (everything else must match byte for byte)."""
+    if isinstance(obj, dict):
+        return {k: _norm(v) for k, v in obj.items() if k not in TIMING_FIELDS}
+    if isinstance(obj, list):
+        return [_norm(x) for x in obj]
+    return obj
+
+
+def _lines(path: Path) -> list[str]:
+    return [json.dumps(_norm(json.loads(line))) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "train.jsonl"
+    run_collect(CollectConfig(episodes=N, out=str(out), faults=0.25, rename=0.2, seed=3), progress=False)
+    return out
+
+
+def test_output_is_complete_labelled_and_deterministic(reference, tmp_path):
+    lines = [json.loads(x) for x in reference.read_text().splitlines()]
+    assert len(lines) == N
+    assert all(ep["success"] in (True, False) and ep["check"]["reasons"] for ep in lines)
+    assert any(ep["faults"] for ep in lines) and any(not ep["success"] for ep in lines)
+    assert [ep["task"]["metadata"]["collect"]["index"] for ep in lines] == list(range(N))
+    again = tmp_path / "again.jsonl"
+    run_collect(CollectConfig(episodes=N, out=str(again), faults=0.25, rename=0.2, seed=3, workers=2), progress=False)
+    assert _lines(again) == _lines(reference)
+
+
+def test_sigkill_at_several_points_then_resume_equals_uninterrupted(reference, tmp_path):
+    out = tmp_path / "train.jsonl"
+    cmd = [sys.executable, "-m", "agentrig", "collect", "--episodes", str(N), "--out", str(out), "--faults", "0.25",
+           "--rename", "0.2", "--seed", "3", "--no-progress"]
+    env = dict(os.environ)
+    kills = 0
+    for target in (20, 60, 110):
+        proc = subprocess.Popen(cmd + (["--resume"] if out.exists() else []), env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.stat().st_size and out.read_bytes().count(b"\n") >= target:
+                break
+            time.sleep(0.01)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    # a torn last line, as a kill mid-write leaves it
+    with open(out, "ab") as fh:
+        fh.write(b'{"episode_id": "torn", "ste')
+    subprocess.run(cmd + ["--resume"], env=env, check=True)
+    assert kills >= 1
+    assert _lines(out) == _lines(reference)
+
+
+def test_resume_point_cuts_a_torn_line(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ')
+    assert resume_point(p) == 2 and p.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+
+
+def test_resume_with_other_settings_is_refused(reference, tmp_path):
+    out = tmp_path / "t.jsonl"
+    run_collect(CollectConfig(episodes=5, out=str(out), seed=3), progress=False)
+    with pytest.raises(ConfigError, match="seed"):
+        run_collect(CollectConfig(episodes=10, out=str(out), seed=4), resume=True, progress=False)
+
+
+def test_cli_and_custom_env(tmp_path, capsys):
+    from agentrig.cli import main
+
+    out = tmp_path / "shop.jsonl"
+    example = Path(__file__).resolve().parents[1] / "examples" / "my_env.py"
+    assert main(["collect", "--env", f"{example}:make_env", "--episodes", "6", "--out", str(out), "--faults", "0",
+                 "--detours", "0"]) == 0
+    eps = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(eps) == 6 and all(e["success"] for e in eps)
+    assert "buy" in capsys.readouterr().err
+
+
+def test_openai_teacher_against_a_local_stub(tmp_path, monkeypatch):
+    """An OpenAI-compatible endpoint as teacher: one tool call, then an answer; failures are kept, labelled."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Stub(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            if body["messages"][-1]["role"] == "user":
+                msg = {"role": "assistant", "content": "",
+                       "tool_calls": [{"id": "a", "type": "function",
+                                       "function": {"name": "list_tables", "arguments": "{}"}}]}
+            else:
+                msg = {"role": "assistant", "content": "I do not know."}
+            data = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            return None
+
+    server = HTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    out = tmp_path / "o.jsonl"
+    try:
+        summary = run_collect(CollectConfig(episodes=3, out=str(out), teacher="openai", model="stub",
+                                            base_url=f"http://127.0.0.1:{server.server_port}/v1", faults=0.0,
+                                            split="dev"), progress=False)
+    finally:
+        server.shutdown()
+    eps = [json.loads(x) for x in out.read_text().splitlines()]
+    assert summary.episodes == 3 and len(eps) == 3
+    assert all(e["steps"][0]["calls"][0]["name"] == "list_tables" for e in eps)
+    assert all(e["success"] in (True, False) and e["check"]["reasons"] for e in eps)
+    assert seen and seen[0]["model"] == "stub"

@@ -1,0 +1,158 @@
+"""The expert teacher drives whole episodes through the harness: clean runs, recoveries, honesty, detours."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from agentrig.augment import apply_rename
+from agentrig.envs import load_env
+from agentrig.faults import FaultConfig
+from agentrig.harness import HarnessConfig, run_episode
+from agentrig.protocol import get_protocol
+from agentrig.teacher import ExpertTeacher
+from agentrig.trajectory import ToolResult
+
+
+@pytest.fixture(scope="module")
+def env():
+    return load_env("datadesk")
+
+
+def _task(env, family, variant=None, split="train"):
+    return next(t for t in env.tasks(split, 400, seed=4)
+                if t.family == family and (variant is None or t.metadata["variant"] == variant))
+
+
+def _run(env, task, hook=None, teacher=None):
+    tools, state = env.setup(task)
+    ep = run_episode(task, tools, teacher or ExpertTeacher(), HarnessConfig(), tool_hook=hook, episode_id=task.id)
+    return ep, env.check(task, state, ep), state
+
+
+def _script(kinds):
+    """A hook that injects the given fault kinds on successive calls (None = run normally)."""
+    seq = list(kinds)
+
+    def hook(call, execute):
+        kind = seq.pop(0) if seq else None
+        if kind is None:
+            return execute()
+        text = {"timeout": f"Tool execution failed: '{call.name}' timed out after 10 s",
+                "error_503": "Error: 503 Service Unavailable: try again later."}[kind]
+        return ToolResult(call.id, call.name, text, ok=False, fault=kind, error=kind)
+
+    return hook
+
+
+def test_clean_transcript_of_a_chained_lookup(env):
+    task = _task(env, "chained_lookup", "customer_spend")
+    ep, res, _ = _run(env, task)
+    assert res.success, res.reasons
+    proto = get_protocol("hermes")
+    msgs = ep.messages_full
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    cust = json.loads(msgs[3]["content"])
+    assert msgs[2]["tool_calls"][0]["function"] == {"name": "find_customer",
+                                                    "arguments": json.dumps({"name": task.metadata["params"]["name"]})}
+    assert json.loads(msgs[4]["tool_calls"][0]["function"]["arguments"]) == {
+        "customer_id": cust["customer_id"], "month": task.metadata["params"]["month"]}
+    orders = json.loads(msgs[5]["content"])
+    assert f"{orders['total']:.2f}" in msgs[6]["content"]
+    for step in ep.steps:  # the teacher's raw output is exactly the canonical form
+        assert step.raw_output == proto.assistant_text(step.text, step.calls) and not step.repairs
+
+
+@pytest.mark.parametrize("split", ["train", "test_unseen_tools"])
+def test_every_family_succeeds_without_faults(env, split):
+    seen = set()
+    for task in env.tasks(split, 120, seed=9):
+        ep, res, _ = _run(env, task)
+        assert res.success, (task.family, task.prompt, res.reasons)
+        seen.add(task.family)
+        if task.metadata["no_tool"]:
+            assert not any(s.calls for s in ep.steps)
+    assert len(seen) >= (11 if split == "train" else 1)
+
+
+def test_timeout_is_retried_once(env):
+    task = _task(env, "single_lookup", "sales")
+    ep, res, _ = _run(env, task, hook=_script(["timeout"]))
+    assert res.success and ep.faults == ["timeout"]
+    assert [c.name for s in ep.steps for c in s.calls] == ["sales_total", "sales_total"]
+    assert "trying once more" in ep.steps[1].text
+
+
+def test_repeated_failure_switches_to_run_sql(env):
+    task = _task(env, "single_lookup", "sales")
+    ep, res, _ = _run(env, task, hook=_script(["error_503", "error_503"]))
+    assert res.success, res.reasons
+    calls = [c for s in ep.steps for c in s.calls]
+    assert [c.name for c in calls] == ["sales_total", "sales_total", "run_sql"]
+    assert calls[2].arguments["query"].startswith("SELECT") and "switching to run_sql" in ep.steps[2].text
+
+
+def test_total_failure_is_told_honestly_and_labelled(env):
+    task = _task(env, "single_lookup", "sales")
+    ep, res, _ = _run(env, task, hook=_script(["timeout"] * 4))
+    assert ep.termination == "final_answer" and not res.success
+    assert "could not" in ep.final_answer and not any(ch.isdigit() for ch in ep.final_answer.split(":")[0][-20:])
+    assert "figure" in res.reasons[0]
+
+
+def test_impossible_task_verifies_then_says_so(env):
+    task = _task(env, "impossible", "unknown_customer")
+    ep, res, _ = _run(env, task)
+    assert res.success, res.reasons
+    assert [c.name for s in ep.steps for c in s.calls] == ["find_customer", "run_sql"]
+    assert "could not find" in ep.final_answer
+
+
+def test_report_is_sent_once_with_the_figures(env):
+    task = _task(env, "report")
+    ep, res, state = _run(env, task)
+    assert res.success and len(state.reports) == 1 and state.reports[0].to == task.metadata["params"]["to"]
+
+
+def test_long_task_notes_finished_subgoals(env):
+    task = _task(env, "long_task")
+    ep, res, _ = _run(env, task)
+    calls = [c.name for s in ep.steps for c in s.calls if c.name != "note"]
+    assert res.success and len(calls) >= 6
+    assert [s.calls[0].name for s in ep.steps if s.calls and s.calls[0].name == "note"] == ["note", "note"]
+    assert len(ep.memory_events) == 2
+
+
+def test_detour_is_rejected_weighted_zero_and_corrected(env):
+    task = _task(env, "single_lookup", "sales")
+    ep, res, _ = _run(env, task, teacher=ExpertTeacher(detour_rate=1.0))
+    assert res.success
+    assert ep.steps[0].weight == 0.0 and ep.steps[0].defects
+    assert ep.steps[0].defects[0].kind in ("schema_violation", "not_permitted", "unknown_tool")
+    assert ep.steps[1].weight == 1.0 and ep.steps[1].results[0].ok and ep.detours == 1
+
+
+def test_renamed_tools_are_used_consistently(env):
+    task = _task(env, "currency_aggregation")
+    tools, state = env.setup(task)
+    task, tools = apply_rename(task, tools, random.Random(1))
+    mapping = task.metadata["rename"]["tools"]
+    ep = run_episode(task, tools, ExpertTeacher(), HarnessConfig(), episode_id=task.id)
+    res = env.check(task, state, ep)
+    assert res.success, res.reasons
+    names = {c.name for s in ep.steps for c in s.calls}
+    assert names <= set(task.allowed_tools) and mapping["sales_total"] in names
+
+
+def test_most_faulted_episodes_still_succeed(env):
+    cfg = FaultConfig.from_total(0.25)
+    ok = total = 0
+    for i, task in enumerate(env.tasks("train", 80, seed=11)):
+        ep, res, _ = _run(env, task, hook=cfg.injector(i))
+        ok += res.success
+        total += 1
+        if not res.success:
+            assert ep.faults  # without faults the expert never fails
+    assert ok / total > 0.85
