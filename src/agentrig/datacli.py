@@ -1,0 +1,137 @@
+"""`agentrig data build | inspect | pairs`: the command line of the data stage.
+
+`build` turns episode files into checked training data (`agentrig.databuild.build_dataset`) and optional
+exports; `inspect` prints samples with the supervised tokens highlighted, so a person sees what the model
+will learn; `pairs` writes DPO preference pairs (`agentrig.pairs`). Heavy imports happen inside `main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrig.errors import DataError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the `data` subcommands."""
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="episodes to samples.jsonl, tokenized.jsonl, data_card.json, build_report.json")
+    b.add_argument("--in", dest="inputs", nargs="+", required=True, metavar="EPISODES.jsonl", help="episode files")
+    b.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    b.add_argument("--model", default="smollm2-135m", help="whose tokenizer and chat template render the data")
+    b.add_argument("--max-seq-length", type=int, default=None, metavar="N", help="token limit; longer episodes are windowed")
+    b.add_argument("--skip-bad", action="store_true", help="skip malformed lines and count them instead of stopping")
+    b.add_argument("--format", dest="formats", action="append", default=[],
+                   choices=["trl", "llamafactory", "axolotl", "openai"], help="also export (repeatable) to DIR/exports/FORMAT")
+    b.add_argument("--no-bfcl-check", action="store_true", help="do not refuse samples whose user text is a BFCL question")
+    i = sub.add_parser("inspect", help="print samples with supervised tokens highlighted, and the statistics")
+    i.add_argument("path", metavar="FILE", help="a build folder, or its tokenized.jsonl")
+    i.add_argument("--n", type=int, default=1, metavar="K", help="how many samples to print")
+    p = sub.add_parser("pairs", help="preference pairs (DPO) from episodes of the same tasks, plus synthetic pairs")
+    p.add_argument("--in", dest="inputs", nargs="+", required=True, metavar="EPISODES.jsonl")
+    p.add_argument("--out", required=True, metavar="FILE", help="output JSONL")
+    p.add_argument("--format", default="trl", choices=["trl", "llamafactory"])
+    p.add_argument("--no-synthetic", action="store_true", help="only pairs from real episodes")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and count them")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the chosen data action."""
+    if args.data_command == "build":
+        return _build(args)
+    if args.data_command == "inspect":
+        return _inspect(args)
+    return _pairs(args)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from agentrig.databuild import build_dataset
+    from agentrig.exports import export_samples
+    from agentrig.samples import Sample
+
+    report = build_dataset(args.inputs, args.out, model=args.model, max_seq_length=args.max_seq_length,
+                           skip_bad=args.skip_bad, bfcl_check=not args.no_bfcl_check)
+    print(f"{report.samples} samples from {report.episodes} episodes -> {args.out}")
+    print(f"kept {report.kept}, dropped {report.dropped}, skipped lines {report.lines_skipped}, "
+          f"windowed {report.episodes_windowed}, calls normalized {report.calls_normalized}")
+    if args.formats:
+        samples = [Sample.from_dict(row) for row in _read_jsonl(Path(args.out) / "samples.jsonl")]
+        for fmt in args.formats:
+            er = export_samples(samples, fmt, Path(args.out) / "exports" / fmt, model=args.model,
+                                max_seq_length=args.max_seq_length or 4096)
+            print(f"export {fmt}: {er.samples} samples, {er.changed} changed {er.changes or ''}, "
+                  f"{er.weight0_trained} with detour turns the format cannot mask -> {er.out_dir}")
+    return 0
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+    return rows
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.text import Text
+
+    from agentrig.models import load_tokenizer
+
+    path = Path(args.path)
+    folder = path if path.is_dir() else path.parent
+    tokenized = folder / "tokenized.jsonl" if path.is_dir() else path
+    if not tokenized.is_file():
+        raise DataError(f"{tokenized}: no such file (give a `data build` folder or its tokenized.jsonl)")
+    card_path = folder / "data_card.json"
+    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    tokenizer = load_tokenizer(card.get("model", "smollm2-135m"))
+    console = Console()
+    rows = _read_jsonl(tokenized)
+    for row in rows[: args.n]:
+        console.rule(f"sample {row['sample_id']}")
+        text = Text()
+        ids, labels = row["input_ids"], row["labels"]
+        start = 0
+        for k in range(1, len(ids) + 1):
+            if k == len(ids) or (labels[k] != -100) != (labels[start] != -100):
+                piece = tokenizer.decode(ids[start:k], skip_special_tokens=False)
+                text.append(piece, style="bold green" if labels[start] != -100 else "dim")
+                start = k
+        console.print(text)
+        sup = sum(1 for x in labels if x != -100)
+        console.print(f"[bold]{len(ids)} tokens, {sup} supervised (green)[/bold]")
+    if card:
+        console.rule("data card")
+        console.print_json(json.dumps({k: card[k] for k in ("samples", "tokens", "families", "faults", "masks", "dropped")
+                                       if k in card}))
+    return 0
+
+
+def _pairs(args: argparse.Namespace) -> int:
+    from agentrig.databuild import BuildReport, read_records
+    from agentrig.pairs import build_pairs
+    from agentrig.trajectory import Episode
+
+    report = BuildReport([str(p) for p in args.inputs], "", "", "", None)
+    episodes = [r for r in read_records([Path(p) for p in args.inputs], args.skip_bad, report) if isinstance(r, Episode)]
+    pairs, summary = build_pairs(episodes, synthetic=not args.no_synthetic)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
+        for pair in pairs:
+            row = pair.trl() if args.format == "trl" else pair.llamafactory()
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if args.format == "llamafactory":
+        from agentrig.exports import dataset_info
+
+        (out.parent / "dataset_info.json").write_text(json.dumps(dataset_info(out.name, ranking=True), indent=2) + "\n")
+    summary["lines_skipped"] = report.lines_skipped
+    print(f"{len(pairs)} pairs -> {out}: {json.dumps(summary)}")
+    return 0
