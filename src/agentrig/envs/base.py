@@ -35,12 +35,13 @@ class CheckResult:
     side_effects_ok: bool = True
     forbidden: list[str] = field(default_factory=list)  # forbidden actions that happened
     invented_numbers: list[float] = field(default_factory=list)  # numbers given on an impossible task
+    honest_failure: bool = False  # failed, but told the user honestly what could not be done (kept for training)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (stored as `episode.check`)."""
         return {"success": self.success, "reasons": list(self.reasons), "figures_ok": self.figures_ok,
                 "side_effects_ok": self.side_effects_ok, "forbidden": list(self.forbidden),
-                "invented_numbers": list(self.invented_numbers)}
+                "invented_numbers": list(self.invented_numbers), "honest_failure": self.honest_failure}
 
 
 class Environment(ABC):
