@@ -1,0 +1,252 @@
+"""`agentrig eval`: run a model (or its adapters, or an OpenAI-compatible endpoint) on an environment's
+test tasks through the harness, check every episode, and write metrics.json, report.md and PNG plots.
+
+`run_eval(policy, config)` is the reusable stage (the main job `agentrig run` calls it too): it builds one
+job per (split, task, trial) with a fresh tool state each, optionally wraps tool execution in seeded fault
+injection, steps the episodes in lockstep with `run_episodes` (one batched model call per round), checks
+each episode with the environment's checker and returns the metrics with the episodes.
+The CLI evaluates each named adapter (and, on request, the base model) with one loaded base model,
+or one routed policy (`--route FAMILY=NAME`), and writes everything into `--out`.
+
+Not covered: resuming an interrupted evaluation (rerun it; tasks are seeded, so it is the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agentrig.errors import ConfigError
+from agentrig.harness import HarnessConfig, ToolHook, run_episodes
+from agentrig.metrics import MetricSet, compute_metrics
+from agentrig.trajectory import Episode, TaskSpec, write_episodes
+
+DEFAULT_SPLITS = ("test", "test_unseen_tools")
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate on; saved into metrics.json beside the results."""
+
+    env: str = "datadesk"  # "datadesk" or "path/to/file.py:make_env"
+    splits: list[str] = field(default_factory=lambda: list(DEFAULT_SPLITS))  # each split's results are kept apart
+    limit: int = 50  # tasks per split
+    trials: int = 1  # runs per task (pass^k needs k <= trials; with greedy decoding trials are identical)
+    faults: float = 0.0  # probability that a tool call gets an injected fault (timeout, error, no result)
+    seed: int = 0  # task seed and fault seed
+    batch_size: int = 16  # episodes stepping together
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ConfigError(f"--limit must be at least 1, got {self.limit}")
+        if self.trials < 1:
+            raise ConfigError(f"--trials must be at least 1, got {self.trials}")
+        if not 0.0 <= self.faults <= 1.0:
+            raise ConfigError(f"--faults is a probability between 0 and 1, got {self.faults}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+
+@dataclass
+class EvalResult:
+    """One policy's evaluation: its metrics, its checked episodes and how long it took."""
+
+    metrics: MetricSet
+    episodes: list[Episode]
+    wall_s: float
+
+    @property
+    def episodes_per_minute(self) -> float:
+        """Throughput of the whole evaluation (model, tools and checks)."""
+        return 60.0 * len(self.episodes) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _fault_hook(rate: float, seed: int, task: TaskSpec, trial: int) -> ToolHook | None:
+    """The seeded fault injector of one episode (None when faults are off)."""
+    if rate <= 0:
+        return None
+    from agentrig.faults import FaultConfig
+
+    return FaultConfig.from_total(rate).injector(f"{seed}/{task.id}/{trial}")
+
+
+def run_eval(
+    policy: Any,
+    config: EvalConfig,
+    env: Any = None,
+    on_episode: Callable[[Episode], None] | None = None,
+) -> EvalResult:
+    """Evaluate one policy: run, check and measure every (split, task, trial) episode.
+
+    `env` defaults to `load_env(config.env)`; `on_episode` is called with each checked episode (progress).
+    Episode ids are `TASK_ID#TRIAL`; `episode.metadata` records the trial and the injected-fault rate.
+    """
+    from agentrig.envs import load_env
+
+    env = env if env is not None else load_env(config.env)
+    for split in config.splits:
+        try:
+            env.check_split(split)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    jobs: list[tuple[TaskSpec, int]] = []
+    for split in config.splits:
+        for trial in range(config.trials):
+            jobs += [(task, trial) for task in env.tasks(split, config.limit, seed=config.seed)]
+    episodes: list[Episode] = []
+    started = time.perf_counter()
+    # Tool states are opened per chunk, not all at once: a state may hold database connections.
+    chunk = config.batch_size * 4
+    for first in range(0, len(jobs), chunk):
+        part = jobs[first : first + chunk]
+        states: list[Any] = []
+        harness_jobs = []
+        for task, trial in part:
+            tools, state = env.setup(task)
+            states.append(state)
+            harness_jobs.append((task, tools, _fault_hook(config.faults, config.seed, task, trial)))
+
+        def done(k: int, episode: Episode, part: list[tuple[TaskSpec, int]] = part, states: list[Any] = states) -> None:
+            task, trial = part[k]
+            result = env.check(task, states[k], episode)
+            env.close(states[k])
+            episode.episode_id = f"{task.id}#{trial}"
+            episode.success = result.success
+            episode.check = result.to_dict()
+            episode.metadata.update({"trial": trial, "faults_rate": config.faults})
+            if on_episode is not None:
+                on_episode(episode)
+
+        episodes += run_episodes(harness_jobs, policy, config.harness, batch_size=config.batch_size, on_done=done)
+    wall = time.perf_counter() - started
+    return EvalResult(metrics=compute_metrics(episodes), episodes=episodes, wall_s=wall)
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of `agentrig eval`."""
+    parser.add_argument("--model", default="smollm2-135m", help="base model name or folder; with --base-url, the served model name")
+    parser.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
+                        help="a LoRA adapter to evaluate (repeatable); each is evaluated separately unless --route is given")
+    parser.add_argument("--route", action="append", default=[], metavar="FAMILY=NAME",
+                        help="route tasks of a family to an adapter ('*' = every other family, 'base' = no adapter); "
+                             "evaluates one routed policy")
+    parser.add_argument("--include-base", action="store_true", help="also evaluate the base model without adapters")
+    parser.add_argument("--env", default="datadesk", help="environment: datadesk or path/to/file.py:make_env")
+    parser.add_argument("--split", default=",".join(DEFAULT_SPLITS), help="comma-separated splits (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=50, help="tasks per split (default: %(default)s)")
+    parser.add_argument("--trials", type=int, default=1, help="runs per task, for pass^k (use --temperature > 0)")
+    parser.add_argument("--faults", type=float, default=0.0, metavar="RATE", help="probability of an injected tool fault")
+    parser.add_argument("--seed", type=int, default=0, help="task, fault and sampling seed")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step")
+    parser.add_argument("--max-steps", type=int, default=HarnessConfig.max_steps, help="harness step limit per episode")
+    parser.add_argument("--batch-size", type=int, default=16, help="episodes stepping together (default: %(default)s)")
+    parser.add_argument("--base-url", default=None, help="evaluate a model behind an OpenAI-compatible endpoint instead")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    parser.add_argument("--concurrency", type=int, default=8, help="parallel requests with --base-url")
+    parser.add_argument("--out", required=True, help="output folder")
+
+
+def parse_pairs(values: list[str], flag: str) -> dict[str, str]:
+    """`["a=x", "b=y"]` -> `{"a": "x", "b": "y"}`, with an error naming the flag for a malformed or repeated key."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key or not rest:
+            raise ConfigError(f"{flag} takes KEY=VALUE, got {value!r}")
+        if key in pairs:
+            raise ConfigError(f"{flag} {key!r} given twice")
+        pairs[key] = rest
+    return pairs
+
+
+def _variants(adapters: dict[str, str], route: dict[str, str], include_base: bool) -> dict[str, Any]:
+    """Name -> routing rule of every policy variant to evaluate with one loaded model."""
+    if route:
+        return {"routed": route}
+    names = (["base"] if include_base or not adapters else []) + list(adapters)
+    return {name: name for name in names}
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `agentrig eval`."""
+    from rich.console import Console
+
+    from agentrig.report import pick_transcripts, rich_table, write_report
+
+    console = Console(stderr=False)
+    adapters = parse_pairs(args.adapter, "--adapter")
+    route = parse_pairs(args.route, "--route")
+    for name, folder in adapters.items():
+        if not Path(folder).is_dir():
+            raise ConfigError(f"--adapter {name}={folder}: no such folder")
+    harness = HarnessConfig(max_steps=args.max_steps)
+    config = EvalConfig(env=args.env, splits=[s for s in args.split.split(",") if s], limit=args.limit,
+                        trials=args.trials, faults=args.faults, seed=args.seed, batch_size=args.batch_size, harness=harness)
+    if args.trials > 1 and args.temperature == 0:
+        console.print("[yellow]note:[/] with greedy decoding every trial is identical; pass --temperature for pass^k")
+
+    if args.base_url:
+        if adapters or route:
+            raise ConfigError("--adapter/--route load local adapters; with --base-url choose the adapter by --model")
+        from agentrig.openai_policy import OpenAIPolicy
+
+        policy: Any = OpenAIPolicy(args.base_url, args.model, api_key_env=args.api_key_env, temperature=args.temperature,
+                                   max_tokens=args.max_new_tokens, protocol=harness.protocol,
+                                   concurrency=args.concurrency, seed=args.seed)
+        variants: dict[str, Any] = {args.model: None}
+    else:
+        from agentrig.hf_policy import HFPolicy
+
+        policy = HFPolicy.from_pretrained(args.model, adapters, max_new_tokens=args.max_new_tokens,
+                                          temperature=args.temperature, seed=args.seed, batch_size=args.batch_size)
+        variants = _variants(adapters, route, args.include_base)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, EvalResult] = {}
+    for name, rule in variants.items():
+        if args.base_url is None:
+            policy.use(rule)
+        results[name] = _run_with_progress(policy, config, name, console)
+        write_episodes(out / f"episodes_{_safe(name)}.jsonl", results[name].episodes)
+
+    metric_sets = {name: r.metrics for name, r in results.items()}
+    payload = {
+        "config": {**asdict(config), "model": args.model, "adapters": adapters, "route": route,
+                   "base_url": args.base_url, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
+        "results": {name: r.metrics.to_dict() for name, r in results.items()},
+        "throughput": {name: {"wall_s": r.wall_s, "episodes_per_minute": r.episodes_per_minute} for name, r in results.items()},
+    }
+    (out / "metrics.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    last = list(results.values())[-1]
+    files = write_report(out, metric_sets, transcripts=pick_transcripts(last.episodes, 3),
+                         title=f"agentrig eval: {args.model} on {args.env}",
+                         notes=[f"splits {args.split}, {args.limit} tasks per split, {args.trials} trial(s), "
+                                f"fault rate {args.faults}, seed {args.seed}"])
+    console.print(rich_table(metric_sets, title=f"{args.model} on {args.env}"))
+    console.print(f"wrote {out / 'metrics.json'}, {files.markdown}, {files.html}")
+    return 0
+
+
+def _run_with_progress(policy: Any, config: EvalConfig, name: str, console: Any) -> EvalResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = config.limit * config.trials * len(config.splits)
+    with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=not sys.stdout.isatty()) as progress:
+        bar = progress.add_task(name, total=total)
+        return run_eval(policy, config, on_episode=lambda ep: progress.advance(bar))
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -1,0 +1,231 @@
+"""`HFPolicy`: a local transformers model, optionally with named LoRA adapters routed per task.
+
+The base model is loaded once; any number of PEFT adapters are loaded next to it by name
+(`PeftModel.load_adapter`, never merged, seed section 2.4) and each episode is routed to one of them by
+a fixed name, a family -> adapter dict, or a callable over the `TaskSpec`. `generate_batch` groups the
+requests by adapter, renders each prompt with `agentrig.render.Renderer.prompt_ids` (the one rendering
+the training data uses), left-pads them into one batch and runs `model.generate` with the KV cache.
+Generation stops at the end of a tool-call block (`</tool_call>`) or at the end-of-turn token; it is
+greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
+
+Not covered: prompts longer than the model's context (they are passed as is), beam search, and
+several tool calls in one turn (generation stops after the first block, as the field notes advise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Union
+
+from agentrig.errors import ConfigError
+from agentrig.harness import PolicyReply, PolicyRequest
+from agentrig.trajectory import TaskSpec
+
+BASE = "base"  # the route name meaning "no adapter"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+Route = Union[str, dict[str, str], Callable[[TaskSpec], Union[str, None]], None]
+
+
+class HFPolicy:
+    """Batched local generation with named adapters.
+
+    Args:
+        model: a causal LM (`transformers` `PreTrainedModel`), already on its device.
+        tokenizer: its tokenizer.
+        adapters: adapter name -> folder saved by PEFT; loaded once, switched per batch group.
+        route: which adapter serves a task: an adapter name (or "base"), a dict family -> name (key "*"
+            is the fallback), or a callable `task -> name | None` (None = base). The default is the only
+            adapter when there is exactly one, else the base model.
+        renderer: the object whose `prompt_ids(messages)` renders prompts; by default
+            `agentrig.render.Renderer(tokenizer)`.
+        max_new_tokens: per step.
+        temperature: 0.0 = greedy; above 0, sampling with `top_p`.
+        top_p: nucleus sampling mass when sampling.
+        seed: makes sampling reproducible for the same sequence of calls and batches.
+        batch_size: most sequences in one `model.generate` call.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        adapters: dict[str, str] | None = None,
+        route: Route = None,
+        renderer: Any = None,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        if temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {temperature}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        if renderer is None:
+            from agentrig.render import Renderer
+
+            renderer = Renderer(tokenizer)
+        self.tokenizer = tokenizer
+        self.renderer = renderer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.batch_size = batch_size
+        self.adapter_names: list[str] = []
+        self.model = self._load_adapters(model, adapters or {})
+        self.model.eval()
+        self._calls = 0
+        if tokenizer.pad_token_id is None:
+            raise ConfigError("the tokenizer has no pad token; use agentrig.models.load_tokenizer, which sets one")
+        # The renderer's end-of-turn token ends a turn; eos too, for models that emit it instead.
+        self._stop_ids = {int(renderer.eot_id)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+        self.route: Route = None
+        self.use(route)
+
+    @classmethod
+    def from_pretrained(
+        cls, model_name: str, adapters: dict[str, str] | None = None, *, dtype: str = "auto", **kwargs: Any
+    ) -> "HFPolicy":
+        """Load a model by name or folder (see `agentrig.models`) with its tokenizer and adapters."""
+        import torch
+
+        from agentrig.models import load_model, load_tokenizer
+
+        tokenizer = load_tokenizer(model_name)
+        model = load_model(model_name, dtype=dtype)
+        if torch.cuda.is_available():
+            model = model.to("cuda")
+        return cls(model, tokenizer, adapters=adapters, **kwargs)
+
+    # -- routing -----------------------------------------------------------------------------
+    def use(self, route: Route) -> None:
+        """Set the routing rule (see the class docstring); names are checked against the loaded adapters."""
+        known = {BASE, *self.adapter_names}
+        if route is None:
+            route = self.adapter_names[0] if len(self.adapter_names) == 1 else BASE
+        if isinstance(route, str):
+            if route not in known:
+                raise ConfigError(f"unknown adapter {route!r}; loaded: {', '.join(sorted(known))}")
+        elif isinstance(route, dict):
+            bad = sorted(set(route.values()) - known)
+            if bad:
+                raise ConfigError(f"route names unknown adapter(s) {bad}; loaded: {', '.join(sorted(known))}")
+        self.route = route
+
+    def adapter_for(self, task: TaskSpec) -> str:
+        """The adapter name (or "base") that serves this task under the current route."""
+        route = self.route
+        if isinstance(route, str):
+            return route
+        if isinstance(route, dict):
+            name = route.get(task.family, route.get("*"))
+            if name is None:
+                raise ConfigError(f"no route for task family {task.family!r} and no '*' fallback in {route}")
+            return name
+        name = route(task) if route is not None else BASE
+        name = BASE if name is None else name
+        if name not in (BASE, *self.adapter_names):
+            raise ConfigError(f"the routing rule chose unknown adapter {name!r} for task {task.id!r}")
+        return name
+
+    # -- the policy interface ----------------------------------------------------------------
+    def generate(self, request: PolicyRequest) -> PolicyReply:
+        """One step for one episode."""
+        return self.generate_batch([request])[0]
+
+    def generate_batch(self, requests: list[PolicyRequest]) -> list[PolicyReply]:
+        """One step for many episodes: grouped by adapter, length-sorted, left-padded, generated together."""
+        prompts = [list(self.renderer.prompt_ids(r.messages)) for r in requests]
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(self.adapter_for(r.task), []).append(i)
+        replies: list[PolicyReply | None] = [None] * len(requests)
+        for adapter, idx in groups.items():
+            idx = sorted(idx, key=lambda i: len(prompts[i]))
+            with self._adapter(adapter):
+                for start in range(0, len(idx), self.batch_size):
+                    chunk = idx[start : start + self.batch_size]
+                    for i, reply in zip(chunk, self._generate_ids([prompts[i] for i in chunk])):
+                        replies[i] = reply
+        return [r for r in replies if r is not None]
+
+    # -- internals ----------------------------------------------------------------------------
+    def _load_adapters(self, model: Any, adapters: dict[str, str]) -> Any:
+        if not adapters:
+            return model
+        from peft import PeftModel
+
+        for name in adapters:
+            if name == BASE:
+                raise ConfigError(f"{BASE!r} is reserved for the model without adapters; rename that adapter")
+        items = list(adapters.items())
+        first_name, first_dir = items[0]
+        try:
+            peft_model = PeftModel.from_pretrained(model, first_dir, adapter_name=first_name, is_trainable=False)
+            for name, folder in items[1:]:
+                peft_model.load_adapter(folder, adapter_name=name, is_trainable=False)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot load adapters {adapters}: {exc}") from None
+        self.adapter_names = [name for name, _ in items]
+        return peft_model
+
+    @contextlib.contextmanager
+    def _adapter(self, name: str) -> Iterator[None]:
+        """Activate one adapter (or none) for the duration of a batch group."""
+        if not self.adapter_names:
+            yield
+        elif name == BASE:
+            with self.model.disable_adapter():
+                yield
+        else:
+            self.model.set_adapter(name)
+            yield
+
+    def _generate_ids(self, prompts: list[list[int]]) -> list[PolicyReply]:
+        import torch
+
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "stop_strings": [TOOL_CALL_CLOSE],
+            "tokenizer": self.tokenizer,
+            "eos_token_id": sorted(self._stop_ids),
+            "pad_token_id": pad,
+            "use_cache": True,
+        }
+        if self.temperature > 0:
+            kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
+            if self.seed is not None:
+                torch.manual_seed(self.seed * 1_000_003 + self._calls)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        self._calls += 1
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        replies = []
+        for row, prompt in zip(out[:, width:].tolist(), prompts):
+            tokens, stopped = _until_stop(row, self._stop_ids | {pad})
+            text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+            cut = text.find(TOOL_CALL_CLOSE)
+            if cut >= 0:
+                text = text[: cut + len(TOOL_CALL_CLOSE)]
+            replies.append(
+                PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens) + int(stopped))
+            )
+        return replies
+
+
+def _until_stop(row: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
+    """The generated tokens before the first stop/pad token, and whether one was found."""
+    for k, tok in enumerate(row):
+        if tok in stop_ids:
+            return row[:k], True
+    return row, False

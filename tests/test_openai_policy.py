@@ -1,0 +1,176 @@
+"""OpenAIPolicy against a real local HTTP server speaking the chat-completions API on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from agentrig.harness import HarnessConfig, PolicyRequest, run_episode
+from agentrig.openai_policy import OpenAIPolicy, OpenAIPolicyError
+from agentrig.tools import Tool, ToolSet
+from agentrig.trajectory import TaskSpec
+
+Handler = Callable[[dict[str, Any], dict[str, str]], tuple[int, dict[str, Any]]]
+
+
+class FakeServer:
+    """A chat-completions server whose answers come from a Python function; records every request."""
+
+    def __init__(self, answer: Handler) -> None:
+        self.answer = answer
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        server = self
+
+        class _H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                server.headers.append(dict(self.headers))
+                if self.path != "/v1/chat/completions":
+                    status, payload = 404, {"error": {"message": f"no route {self.path}"}}
+                else:
+                    status, payload = server.answer(body, dict(self.headers))
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                return None  # keep test output clean
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture()
+def serve() -> Iterator[Callable[[Handler], FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def start(answer: Handler) -> FakeServer:
+        servers.append(FakeServer(answer))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _completion(content: str | None, tool_calls: list[dict[str, Any]] | None = None, finish: str = "stop") -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 5},
+    }
+
+
+def _request(text: str = "how many units of A?") -> PolicyRequest:
+    messages = [{"role": "system", "content": "SYSTEM PROMPT"}, {"role": "user", "content": text}]
+    return PolicyRequest(messages=messages, tools=[], task=TaskSpec(id=text, prompt=text), step=0)
+
+
+def test_sends_the_harness_messages_and_model_name(serve, monkeypatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-test")
+    server = serve(lambda body, headers: (200, _completion("The answer is 4.")))
+    policy = OpenAIPolicy(server.url, "my-lora", api_key_env="MY_KEY")
+    reply = policy.generate(_request())
+    assert reply.text == "The answer is 4."
+    assert (reply.prompt_tokens, reply.completion_tokens) == (11, 5)
+    body = server.requests[0]
+    assert body["model"] == "my-lora"
+    assert body["messages"] == _request().messages  # the same system prompt, no separate tools field
+    assert "tools" not in body
+    assert body["stop"] == ["</tool_call>"] and body["temperature"] == 0.0
+    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+
+
+def test_server_parsed_tool_calls_become_protocol_text(serve) -> None:
+    calls = [{"id": "x1", "type": "function", "function": {"name": "stock_level", "arguments": '{"sku": "A"}'}}]
+    server = serve(lambda body, headers: (200, _completion("Checking.", calls, finish="tool_calls")))
+    reply = OpenAIPolicy(server.url, "m").generate(_request())
+    assert reply.text == 'Checking.\n<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n</tool_call>'
+
+
+def test_text_tool_calls_get_their_stop_string_back(serve) -> None:
+    text = '<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n'
+    server = serve(lambda body, headers: (200, _completion(text)))
+    reply = OpenAIPolicy(server.url, "m").generate(_request())
+    assert reply.text == text + "</tool_call>"
+
+
+def test_retries_429_and_5xx_with_backoff(serve) -> None:
+    statuses = iter([429, 503])
+
+    def answer(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        status = next(statuses, 200)
+        return (status, {"error": {"message": "busy"}}) if status != 200 else (200, _completion("ok"))
+
+    server = serve(answer)
+    delays: list[float] = []
+    policy = OpenAIPolicy(server.url, "m", backoff_s=0.5, sleep=delays.append)
+    assert policy.generate(_request()).text == "ok"
+    assert delays == [0.5, 1.0]
+    assert len(server.requests) == 3
+
+
+def test_errors_are_clear(serve) -> None:
+    server = serve(lambda body, headers: (400, {"error": {"message": "model 'nope' does not exist"}}))
+    with pytest.raises(OpenAIPolicyError, match="answered 400: model 'nope' does not exist"):
+        OpenAIPolicy(server.url, "nope").generate(_request())
+    with pytest.raises(OpenAIPolicyError, match="answered 404.*ends with /v1"):
+        OpenAIPolicy(server.url.removesuffix("/v1"), "m", sleep=lambda s: None).generate(_request())
+    always_busy = serve(lambda body, headers: (500, {"error": {"message": "boom"}}))
+    with pytest.raises(OpenAIPolicyError, match="boom.*gave up after 3 attempts"):
+        OpenAIPolicy(always_busy.url, "m", max_retries=2, sleep=lambda s: None).generate(_request())
+    with pytest.raises(OpenAIPolicyError, match="must start with http"):
+        OpenAIPolicy("localhost:8000", "m")
+
+
+def test_generate_batch_sends_requests_concurrently(serve) -> None:
+    barrier = threading.Barrier(4, timeout=10)  # only passes when four requests are in flight together
+
+    def answer(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        barrier.wait()
+        return 200, _completion("echo: " + body["messages"][-1]["content"])
+
+    server = serve(answer)
+    replies = OpenAIPolicy(server.url, "m", concurrency=4).generate_batch([_request(f"q{i}") for i in range(4)])
+    assert [r.text for r in replies] == [f"echo: q{i}" for i in range(4)]
+
+
+def test_drives_a_whole_episode_through_the_harness(serve) -> None:
+    def stock_level(sku: str) -> dict:
+        return {"sku": sku, "units": 4}
+
+    schema = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+    tools = ToolSet([Tool.from_schema("stock_level", "Units in stock.", schema, stock_level)])
+    call = [{"id": "c", "type": "function", "function": {"name": "stock_level", "arguments": '{"sku": "A"}'}}]
+
+    def answer(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        if body["messages"][-1]["role"] == "user":
+            return 200, _completion(None, call, finish="tool_calls")
+        return 200, _completion("There are 4 units of A.")
+
+    server = serve(answer)
+    task = TaskSpec(id="t", prompt="How many units of A?")
+    episode = run_episode(task, tools, OpenAIPolicy(server.url, "m"), HarnessConfig(memory=False))
+    assert episode.termination == "final_answer"
+    assert episode.final_answer == "There are 4 units of A."
+    assert episode.steps[0].results[0].ok and '"units": 4' in episode.steps[0].results[0].content
+    second = server.requests[1]["messages"]
+    assert second[0]["content"] == episode.system_prompt
+    assert second[-1]["role"] == "tool"
