@@ -1,0 +1,229 @@
+"""Training throughput: agentrig's trainer against the plain TRL recipe, same data, model and LoRA config.
+
+(a) agentrig: `run_train` (pre-tokenized samples, best-fit packing with per-sample position ids, LM head
+    only at supervised positions, no gradient checkpointing, fp32 on CPU).
+(b) plain TRL, as TRL's docs show for conversational tool data: a `messages` + `tools` dataset,
+    `SFTTrainer` with a PEFT `LoraConfig` and `SFTConfig` defaults (padded batches, gradient checkpointing,
+    head over every position).
+
+Both run the same rendered chat samples (Hermes ChatML, tools in the system prompt, tool calls and tool
+results) for `--steps` optimizer steps with batch 2. Figures printed: supervised-token throughput of each
+(the supervised tokens of the samples consumed, divided by the `train()` wall time after the first step,
+which is warm-up; tokens pro rata by steps) and the ratio a/b,
+peak RSS of each (each side runs in its own process), and (a)'s model FLOP utilization against an fp32
+matmul peak measured in this run. MFU counts the FLOPs LoRA training needs: forward 2N + input-gradient
+backward 2N per token for the frozen non-embedding weights N, causal attention within each sample, and the
+head at supervised positions only; the 6N convention of full fine-tuning is printed alongside.
+
+    python benchmarks/train_throughput.py --steps 6 [--samples 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOOLS = [
+    {"type": "function", "function": {"name": name, "description": desc, "parameters": {
+        "type": "object", "properties": {p: {"type": t, "description": f"the {p}"} for p, t in params},
+        "required": [p for p, _ in params]}}}
+    for name, desc, params in [
+        ("stock_level", "Current stock of a product by SKU.", [("sku", "string")]),
+        ("reorder", "Place a reorder for a product.", [("sku", "string"), ("quantity", "integer")]),
+        ("search_orders", "Find orders by customer and status.", [("customer", "string"), ("status", "string")]),
+        ("get_weather", "Weather forecast for a city and day.", [("city", "string"), ("day", "string")]),
+        ("convert_currency", "Convert an amount between currencies.",
+         [("amount", "number"), ("source", "string"), ("target", "string")]),
+    ]
+]
+WORDS = ("stock order customer shipment warehouse delay invoice city report supplier product price total "
+         "please check the and for with today tomorrow reorder level quantity status open closed").split()
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    """Synthetic tool-use episodes in OpenAI message format, 1 to 4 tool rounds each."""
+    rng = random.Random(seed)
+    system = ("You are a function-calling agent. You may call these tools:\n<tools>\n"
+              + "\n".join(json.dumps(t) for t in TOOLS) + "\n</tools>\nCall a tool with <tool_call>...</tool_call>.")
+    out = []
+    for i in range(n):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": _sentence(rng, rng.randint(8, 40))}]
+        for k in range(rng.randint(1, 4)):
+            tool = rng.choice(TOOLS)["function"]
+            args = {p: (rng.randint(1, 500) if s["type"] in ("integer", "number") else rng.choice(WORDS))
+                    for p, s in tool["parameters"]["properties"].items()}
+            call = {"id": f"c{i}_{k}", "type": "function",
+                    "function": {"name": tool["name"], "arguments": json.dumps(args)}}
+            messages.append({"role": "assistant", "content": _sentence(rng, rng.randint(0, 12)) if rng.random() < 0.5
+                             else "", "tool_calls": [call]})
+            messages.append({"role": "tool", "tool_call_id": call["id"], "name": tool["name"],
+                             "content": json.dumps({"result": _sentence(rng, rng.randint(5, 60))})})
+        messages.append({"role": "assistant", "content": _sentence(rng, rng.randint(10, 60))})
+        out.append(messages)
+    return out
+
+
+def step_clock():
+    """A callback noting the time at the end of every optimizer step. The first step is warm-up (allocator
+    growth, oneDNN kernel selection) and takes several times a steady step on CPU, so it is left out."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+
+    return StepClock()
+
+
+def _steady(clock, total_seconds: float, steps: int) -> tuple[float, float]:
+    """(seconds after warm-up, fraction of the run's tokens they cover: pro rata by steps)."""
+    if steps < 2 or len(clock.marks) < 2:
+        return total_seconds, 1.0
+    return clock.marks[-1] - clock.marks[0], (steps - 1) / steps
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+
+
+def _lora_kwargs() -> dict:
+    return dict(lora_rank=32, lora_alpha=64, lora_target="all", per_device_train_batch_size=2, max_seq_length=1024)
+
+
+def run_agentrig(work: Path, steps: int, samples: int) -> dict:
+    """Side (a), in this process."""
+    from agentrig.models import load_model
+    from agentrig.render import Renderer
+    from agentrig.trainconfig import config_from_dict
+    from agentrig.train import run_train
+
+    renderer = Renderer.for_model("smollm2-135m")
+    rows = []
+    for i, messages in enumerate(conversations(samples)):
+        ids, labels = renderer.sample_ids(messages)
+        rows.append({"sample_id": str(i), "input_ids": ids[:1024], "labels": labels[:1024]})
+    data = work / "tokenized.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = config_from_dict(dict(dataset=str(data), output_dir=str(work / "a"), max_steps=steps, save_steps=10_000,
+                                   **_lora_kwargs()))
+    clock = step_clock()
+    result = run_train(config, callbacks=[clock])
+    seconds, share = _steady(clock, result.train_seconds, steps)
+    rss = _peak_rss_gb()
+    flops = _model_flops(load_model("smollm2-135m"), rows, result.tokens * share, result.supervised_tokens * share)
+    return {"seconds": seconds, "supervised_tokens": result.supervised_tokens * share, "tokens": result.tokens * share,
+            "flops": flops, "peak_rss_gb": rss}
+
+
+def _model_flops(model, rows: list[dict], tokens: int, supervised: int) -> dict:
+    """FLOPs of the tokens run: LoRA need (4N + attention + head at supervised positions) and the 6N convention."""
+    cfg = model.config
+    embed = model.get_input_embeddings().weight.numel()
+    n_body = sum(p.numel() for p in model.parameters()) - embed * (1 if cfg.tie_word_embeddings else 2)
+    d, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    lengths = [len(r["input_ids"]) for r in rows]
+    # Causal attention inside a sample: QK^T and AV, forward 4*d per (query, key) pair, backward twice that.
+    attn_per_token = 3 * 4 * d * layers * sum(n * (n + 1) / 2 for n in lengths) / sum(lengths)
+    need = tokens * (4 * n_body + attn_per_token) + supervised * 4 * d * vocab
+    six_n = 6 * (n_body + d * vocab) * tokens
+    return {"lora_need": need, "six_n": six_n, "n_body": n_body}
+
+
+def run_plain(work: Path, steps: int, samples: int) -> dict:
+    """Side (b): TRL's documented recipe for conversational tool data, in this process."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from agentrig.models import load_tokenizer, resolve_model
+    from agentrig.render import Renderer
+
+    tokenizer = load_tokenizer("smollm2-135m")
+    renderer = Renderer(tokenizer)
+    tokenizer.chat_template = renderer.chat_template  # the same rendering as (a)
+    convs = conversations(samples)
+    supervised = [sum(1 for x in renderer.sample_ids(m)[1] if x != -100) for m in convs]
+    dataset = Dataset.from_list([{"messages": m, "tools": TOOLS} for m in convs])
+    args = SFTConfig(output_dir=str(work / "b"), per_device_train_batch_size=2, max_length=1024, max_steps=steps,
+                     learning_rate=2e-4, lr_scheduler_type="cosine", logging_steps=1, report_to="none",
+                     save_strategy="no", bf16=False, use_cpu=True, disable_tqdm=True)
+    lora = LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=resolve_model("smollm2-135m"), args=args, train_dataset=dataset,
+                         processing_class=tokenizer, peft_config=lora)
+    clock = step_clock()
+    trainer.add_callback(clock)
+    started = time.perf_counter()
+    trainer.train()
+    seconds, share = _steady(clock, time.perf_counter() - started, steps)
+    consumed = 2 * steps * share
+    return {"seconds": seconds, "supervised_tokens": sum(supervised) / len(supervised) * consumed,
+            "peak_rss_gb": _peak_rss_gb()}
+
+
+def matmul_peak_gflops(size: int = 2048, repeats: int = 6) -> float:
+    """Best fp32 `a @ b` rate on this machine, in GFLOP/s."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * size ** 3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def _child(which: str, steps: int, samples: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--side", which, "--steps", str(steps), "--samples", str(samples)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"side {which} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Run both sides in separate processes and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--side", choices=["a", "b"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = run_agentrig if args.side == "a" else run_plain
+            print(json.dumps(run(Path(tmp), args.steps, args.samples)))
+        return
+    peak = matmul_peak_gflops()
+    a = _child("a", args.steps, args.samples)
+    b = _child("b", args.steps, args.samples)
+    peak = max(peak, matmul_peak_gflops())
+    tput_a, tput_b = a["supervised_tokens"] / a["seconds"], b["supervised_tokens"] / b["seconds"]
+    mfu = a["flops"]["lora_need"] / a["seconds"] / (peak * 1e9)
+    mfu6 = a["flops"]["six_n"] / a["seconds"] / (peak * 1e9)
+    print(f"steps {args.steps}, batch 2, max_seq_length 1024, LoRA r=32 all-linear, SmolLM2-135M fp32, "
+          f"{args.samples} samples")
+    print(f"(a) agentrig : {tput_a:8.1f} supervised tok/s  ({a['tokens'] / a['seconds']:.1f} tok/s incl. context)"
+          f"  peak RSS {a['peak_rss_gb']:.2f} GB  ({a['seconds']:.1f} s)")
+    print(f"(b) plain TRL: {tput_b:8.1f} supervised tok/s  peak RSS {b['peak_rss_gb']:.2f} GB  ({b['seconds']:.1f} s)")
+    print(f"ratio a/b    : {tput_a / tput_b:.2f}x  (target >= 2.0)")
+    print(f"matmul peak  : {peak:.1f} GFLOP/s fp32 (measured now)")
+    print(f"(a) MFU      : {100 * mfu:.1f}% of LoRA-needed FLOPs (target >= 50%); {100 * mfu6:.1f}% in the 6N convention")
+
+
+if __name__ == "__main__":
+    main()

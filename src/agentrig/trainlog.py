@@ -1,0 +1,122 @@
+"""What a training run shows and leaves behind: a progress bar, token counts, the loss curve.
+
+`TokenMeter` is filled by the trainers' `compute_loss` (tokens and supervised tokens actually run);
+`ProgressCallback` draws a rich progress bar with loss, tokens/s and ETA on the main process;
+`save_loss_curve` writes the `Trainer` log history as `loss_curve.json` and `loss_curve.png`. The log
+history is part of every checkpoint, so a resumed run's curve covers the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+CURVE_KEYS = ("loss", "learning_rate", "epoch", "grad_norm", "margin", "reward_margin", "accuracy")
+
+
+@dataclass
+class TokenMeter:
+    """Tokens run through the model in this process since the meter was created."""
+
+    tokens: int = 0
+    supervised_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def add(self, tokens: int, supervised: int) -> None:
+        """Count one micro-batch."""
+        self.tokens += tokens
+        self.supervised_tokens += supervised
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens/s, supervised tokens/s) since the meter started."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        return self.tokens / elapsed, self.supervised_tokens / elapsed
+
+
+class ProgressCallback(TrainerCallback):
+    """A rich progress bar: step, loss, tokens/s, supervised tokens/s, ETA (main process only)."""
+
+    def __init__(self, meter: TokenMeter, description: str) -> None:
+        self.meter = meter
+        self.description = description
+        self.progress: Any = None
+        self.task: Any = None
+        self.loss = float("nan")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Start the bar at the (possibly resumed) global step."""
+        if not state.is_world_process_zero:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[tps]:.0f} tok/s"),
+            TextColumn("({task.fields[sps]:.0f} supervised)"), TextColumn("ETA"), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(self.description, total=state.max_steps, completed=state.global_step,
+                                           loss=self.loss, tps=0.0, sps=0.0)
+        self.meter.started = time.perf_counter()
+        self.meter.tokens = self.meter.supervised_tokens = 0
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Remember the latest logged loss."""
+        if logs and "loss" in logs:
+            self.loss = float(logs["loss"])
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Advance the bar after each optimizer step."""
+        if self.progress is None:
+            return
+        tps, sps = self.meter.rates()
+        self.progress.update(self.task, completed=state.global_step, loss=self.loss, tps=tps, sps=sps)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Draw the final state and release the terminal."""
+        if self.progress is not None:
+            self.on_step_end(args, state, control)
+            self.progress.stop()
+            self.progress = None
+
+
+def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per-step training records (step, loss and whatever else was logged) from `Trainer` log history."""
+    rows = []
+    for entry in log_history:
+        if "loss" not in entry:
+            continue
+        row = {"step": int(entry["step"])}
+        row.update({k: float(entry[k]) for k in CURVE_KEYS if k in entry})
+        rows.append(row)
+    return rows
+
+
+def save_loss_curve(history: list[dict[str, float]], folder: str | Path, title: str) -> tuple[Path, Path]:
+    """Write `loss_curve.json` and `loss_curve.png` into `folder`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = folder / "loss_curve.json", folder / "loss_curve.png"
+    json_path.write_text(json.dumps(history, indent=1))
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker="." if len(history) < 60 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return json_path, png_path

@@ -1,0 +1,79 @@
+"""Adapters out: vLLM's load rules, and a merged export that gives the same logits as base + adapter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_train import synthetic_samples, tiny_config, tiny_model_dir, write_jsonl  # noqa: F401 (fixture)
+
+from agentrig.export import check_vllm_adapter
+
+
+def _adapter_config(folder: Path, **fields) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {"peft_type": "LORA", "r": 24, "base_model_name_or_path": "base", "modules_to_save": None,
+           "use_dora": False}
+    cfg.update(fields)
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_vllm_check_rejects_modules_to_save_and_dora(tmp_path):
+    check = check_vllm_adapter(_adapter_config(tmp_path / "a", modules_to_save=["lm_head"]))
+    assert not check.ok and "modules_to_save" in check.report()
+    check = check_vllm_adapter(_adapter_config(tmp_path / "b", use_dora=True))
+    assert not check.ok and "DoRA" in check.report()
+
+
+def test_vllm_check_rounds_rank_up_and_prints_the_command(tmp_path):
+    check = check_vllm_adapter(_adapter_config(tmp_path / "a"))
+    assert check.ok and check.rank == 24 and check.max_lora_rank == 32
+    assert check.serve_command("agent") == (
+        f"vllm serve base --enable-lora --lora-modules agent={tmp_path / 'a'} --max-lora-rank 32")
+
+
+def test_merged_export_loads_and_matches_base_plus_adapter(tmp_path, tiny_model_dir):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrig.cli import main as cli_main
+    from agentrig.train import run_train
+
+    data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=9))
+    result = run_train(tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=3, save_steps=3,
+                                   learning_rate=2e-2))
+    out = tmp_path / "merged"
+    assert cli_main(["export", "--adapter", result.adapter_dir, "--merge", "--out", str(out)]) == 0
+
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert any(p.name.endswith(".safetensors") for p in out.iterdir())
+    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                          result.adapter_dir).eval()
+    ids = torch.tensor([synthetic_samples(1, seed=10)[0]["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, reference(ids).logits, atol=1e-4)
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        assert not torch.allclose(base(ids).logits, reference(ids).logits, atol=1e-4)  # the adapter did something
+    # The exported tokenizer carries the tool-calling template the training data was rendered with.
+    from agentrig.render import Renderer
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template == Renderer(AutoTokenizer.from_pretrained(tiny_model_dir)).chat_template
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}],
+        tokenize=False)
+    assert '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>' in text
+
+def test_export_without_out_is_an_error(tmp_path):
+    from agentrig.errors import ConfigError
+    from agentrig.export import main
+
+    class Args:
+        adapter, merge, out, base_model, name = str(_adapter_config(tmp_path / "a")), True, None, None, "agent"
+
+    with pytest.raises(ConfigError, match="--out"):
+        main(Args())

@@ -1,0 +1,221 @@
+"""LoRA SFT on a tiny random Llama: config loading, packing, supervised-position loss, training behaviour.
+
+Also holds the helpers the other training tests import (tiny model folder, synthetic tokenized data).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from agentrig.errors import ConfigError
+from agentrig.trainconfig import TrainConfig, config_from_dict, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- helpers shared with test_train_*.py and test_export.py ---------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smol_tokenizer) -> Path:
+    """A tiny random Llama with the default tokenizer, saved as a local model folder.
+
+    initializer_range 0.2 (not 0.02): with a 64-wide hidden state and the final norm frozen, embeddings
+    at 0.02 bound the logits near +-1, so no adapter could bring the loss far below log(vocab).
+    """
+    from agentrig.models import tiny_random_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_random_model(len(smol_tokenizer), initializer_range=0.2).save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def synthetic_samples(n: int, seed: int = 0, low: int = 24, high: int = 72, vocab: int = 2800) -> list[dict]:
+    """Tokenized samples shaped like chat data: an unsupervised prompt, then a supervised reply.
+
+    A small `vocab` (ids 200..200+vocab) makes the set quick to memorize.
+    """
+    rng = random.Random(seed)
+    samples = []
+    for i in range(n):
+        length = rng.randint(low, high)
+        ids = [rng.randrange(200, 200 + vocab) for _ in range(length)]
+        cut = rng.randint(length // 3, 2 * length // 3)
+        samples.append({"sample_id": f"s{i}", "input_ids": ids, "labels": [-100] * cut + ids[cut:]})
+    return samples
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """Write rows as JSON lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_config(model_dir: Path, dataset: Path, out: Path, **overrides) -> TrainConfig:
+    """A config that trains the tiny model in seconds."""
+    data = dict(model_name_or_path=str(model_dir), dataset=str(dataset), output_dir=str(out), lora_rank=8,
+                lora_alpha=16, learning_rate=5e-3, max_seq_length=128, per_device_train_batch_size=2,
+                max_steps=6, save_steps=3, lr_scheduler_type="constant")
+    data.update(overrides)
+    return config_from_dict(data)
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+def test_seed_yaml_loads_unchanged():
+    config = load_config(REPO / "examples" / "lora_agent.yaml")
+    assert config.model_name_or_path == "deepseek-ai/DeepSeek-V2-Lite"
+    assert (config.lora_rank, config.lora_alpha, config.learning_rate) == (32, 64, 2.0e-4)
+    assert config.target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 8)
+    assert (config.max_seq_length, config.num_train_epochs, config.lr_scheduler_type) == (8192, 3.0, "cosine")
+
+
+def test_misspelled_key_names_the_closest(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("dataset: d\nlora_rnak: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'lora_rnak'.*did you mean 'lora_rank'"):
+        load_config(path)
+
+
+def test_bad_values_are_config_errors():
+    with pytest.raises(ConfigError, match="finetuning_type"):
+        config_from_dict({"dataset": "d", "finetuning_type": "full"})
+    with pytest.raises(ConfigError, match="lora_rank.*integer"):
+        config_from_dict({"dataset": "d", "lora_rank": "eight"})
+    assert config_from_dict({"dataset": "d", "learning_rate": "1e-4"}).learning_rate == 1e-4
+    assert config_from_dict({"dataset": "d", "lora_target": "all"}).target_modules() == "all-linear"
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = config_from_dict({"dataset": "d", "lora_rank": 4, "stage": "dpo", "adapter_name_or_path": "a"})
+    assert load_config(config.save(tmp_path)) == config
+
+
+# -- packing and the supervised-position loss ----------------------------------------------------
+
+def test_best_fit_packing_fills_rows_without_overflow():
+    from agentrig.packing import best_fit_bins
+
+    lengths = [70, 60, 50, 40, 30, 20, 10, 128, 5]
+    bins = best_fit_bins(lengths, 128)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 128 for b in bins)
+    assert len(bins) == -(-sum(lengths) // 128)  # as few rows as the total allows
+
+
+def test_packed_loss_equals_unpacked_loss(tiny_model):
+    import torch
+
+    from agentrig.lmloss import add_supervised_head, full_logits_loss
+    from agentrig.packing import TokenizedSample, collate_rows, pack_rows
+
+    model = add_supervised_head(tiny_model).eval()
+    samples = [TokenizedSample(s["sample_id"], s["input_ids"], s["labels"]) for s in synthetic_samples(7)]
+    packed, unpacked = pack_rows(samples, 256), pack_rows(samples, 256, packing=False)
+    assert len(packed) < len(unpacked)
+
+    def summed(rows):
+        batch = collate_rows(rows, pad_id=0)
+        with torch.no_grad():
+            out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                        supervised_labels=batch["labels"])
+        return out["token_logps"].sum().item(), int(out["mask"].sum())
+
+    (packed_sum, n_packed), (unpacked_sum, n_unpacked) = summed(packed), summed(unpacked)
+    one_by_one = sum(summed([row])[0] for row in unpacked)
+    assert n_packed == n_unpacked
+    assert packed_sum == pytest.approx(unpacked_sum, rel=1e-5)
+    assert packed_sum == pytest.approx(one_by_one, rel=1e-5)
+    # The head-at-supervised-positions loss equals the ordinary full-logits loss.
+    with torch.no_grad():
+        full = full_logits_loss(model, collate_rows(packed, pad_id=0)).item()
+    assert -packed_sum / n_packed == pytest.approx(full, rel=1e-5)
+
+
+def test_packing_keeps_samples_apart(tiny_model):
+    """Changing one packed sample must not change another sample's log-probs."""
+    import torch
+
+    from agentrig.lmloss import add_supervised_head
+    from agentrig.packing import TokenizedSample, collate_rows, pack_rows
+
+    model = add_supervised_head(tiny_model).eval()
+    a, b = synthetic_samples(2, seed=3)
+    b2 = dict(b, input_ids=[t + 1 for t in b["input_ids"]])
+
+    def logps_of_second(first):
+        rows = pack_rows([TokenizedSample("a", first["input_ids"], first["labels"]),
+                          TokenizedSample("b", a["input_ids"], a["labels"])], 512)
+        assert len(rows) == 1
+        batch = collate_rows(rows, 0)
+        with torch.no_grad():
+            out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                        supervised_labels=batch["labels"])
+        return out["token_logps"][-sum(x != -100 for x in a["labels"]):]
+
+    assert torch.allclose(logps_of_second(b), logps_of_second(b2), atol=1e-6)
+
+
+# -- training -------------------------------------------------------------------------------------
+
+def test_lora_changes_and_base_does_not_and_loss_falls(tmp_path, tiny_model_dir):
+    """Memorize 4 samples: the loss falls, LoRA weights move, base weights stay bit-identical."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from agentrig.train import run_train
+
+    data = write_jsonl(tmp_path / "data" / "tokenized.jsonl", synthetic_samples(4, seed=1, vocab=12))
+    config = tiny_config(tiny_model_dir, data.parent, tmp_path / "run", max_steps=25, learning_rate=1e-2,
+                         lora_rank=16, lora_alpha=32, save_steps=100)
+    result = run_train(config)
+
+    losses = [h["loss"] for h in result.loss_history]
+    assert len(losses) == 25
+    assert losses[-1] < 0.5 * losses[0]
+    lora = load_file(Path(result.adapter_dir) / "adapter_model.safetensors")
+    lora_b = [v for k, v in lora.items() if "lora_B" in k]
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # B starts at zero
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    from peft import PeftModel
+
+    trained = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), result.adapter_dir)
+    trained_base = dict(trained.get_base_model().named_parameters())
+    for name, param in base.named_parameters():
+        key = name.replace(".weight", ".base_layer.weight")
+        value = trained_base.get(key, trained_base.get(name))
+        assert torch.equal(value, param), name
+    # Artifacts: resolved config beside the adapter, loss curve, the vllm command.
+    assert load_config(Path(result.adapter_dir) / "agentrig_train.yaml") == config
+    curve = json.loads((tmp_path / "run" / "loss_curve.json").read_text())
+    assert [c["loss"] for c in curve] == losses
+    assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 1000
+    assert "--max-lora-rank 16" in result.vllm_command and "--enable-lora" in result.vllm_command
+    assert result.supervised_tokens > 0 and result.tokens > result.supervised_tokens
+
+
+def test_existing_checkpoints_need_resume(tmp_path, tiny_model_dir):
+    from agentrig.train import run_train
+
+    data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4))
+    config = tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=3, save_steps=3)
+    run_train(config)
+    with pytest.raises(ConfigError, match="--resume"):
+        run_train(config)
+
+
+def test_bad_data_is_a_data_error(tmp_path, tiny_model_dir):
+    from agentrig.errors import DataError
+    from agentrig.train import run_train
+
+    data = tmp_path / "tokenized.jsonl"
+    data.write_text('{"sample_id": "a", "input_ids": [1, 2], "labels": [1]}\n')
+    with pytest.raises(DataError, match=r"tokenized.jsonl:1"):
+        run_train(tiny_config(tiny_model_dir, data, tmp_path / "run"))
