@@ -47,6 +47,7 @@ class CollectConfig:
     base_url: str | None = None
     adapter: str | None = None
     temperature: float = 0.0
+    max_new_tokens: int = 256  # generation limit per step (model and openai teachers)
     faults: float = 0.25
     fault_rates: dict[str, float] = field(default_factory=dict)  # overrides `faults` when given
     seed: int = 0
@@ -255,13 +256,14 @@ def _remote_teacher(cfg: CollectConfig) -> Any:
 
         if not cfg.base_url:
             raise ConfigError("--teacher openai needs --base-url (the key is read from OPENAI_API_KEY)")
-        return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature)
+        return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
+                            seed=cfg.seed)
     if cfg.teacher == "model":
         from agentrig.hf_policy import HFPolicy
 
         adapters = {"adapter": cfg.adapter} if cfg.adapter else None
-        return HFPolicy.from_pretrained(cfg.model, adapters, temperature=cfg.temperature,
-                                        batch_size=cfg.batch_size)
+        return HFPolicy.from_pretrained(cfg.model, adapters, temperature=cfg.temperature, seed=cfg.seed,
+                                        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
     raise ConfigError(f"unknown teacher {cfg.teacher!r}: use expert, openai or model")
 
 
@@ -402,7 +404,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model name (openai) or name/folder (model teacher)")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible API root; key from OPENAI_API_KEY")
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder for --teacher model")
-    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (model/openai teachers)")
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="generation limit per step (model/openai teachers)")
     parser.add_argument("--faults", type=float, default=d.faults, help="share of tool calls that get a fault")
     parser.add_argument("--fault-rates", default="", help="per-kind rates, e.g. timeout=0.1,error_503=0.05")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -422,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
     rates = FaultConfig.parse(args.fault_rates).rates if args.fault_rates else {}
     cfg = CollectConfig(env=args.env, split=args.split, episodes=args.episodes, teacher=args.teacher,
                         model=args.model, base_url=args.base_url, adapter=args.adapter,
-                        temperature=args.temperature, faults=args.faults, fault_rates=rates, seed=args.seed,
+                        temperature=args.temperature, max_new_tokens=args.max_new_tokens, faults=args.faults, fault_rates=rates, seed=args.seed,
                         out=args.out, workers=args.workers, paraphrase=args.paraphrase, rename=args.rename,
                         detours=args.detours, balance=args.balance, max_steps=args.max_steps)
     run_collect(cfg, resume=args.resume, progress=not args.no_progress)

@@ -42,7 +42,10 @@ class VllmCheck:
 
     def serve_command(self, name: str = "agent") -> str:
         """The `vllm serve` command that serves the base model with this adapter."""
-        return (f"vllm serve {self.base_model} --enable-lora --lora-modules {name}={self.adapter_dir} "
+        from agentrig.models import resolve_model
+
+        # vLLM needs a folder or hub id: packaged names (smollm2-135m) become their converted cache folder.
+        return (f"vllm serve {resolve_model(self.base_model)} --enable-lora --lora-modules {name}={self.adapter_dir} "
                 f"--max-lora-rank {self.max_lora_rank}")
 
     def report(self, name: str = "agent") -> str:

@@ -98,8 +98,13 @@ def _setup_sft_data(config: TrainConfig) -> list[TokenizedSample]:
         return load_tokenized(path)
     if kind == "pairs":
         raise ConfigError(f"{path} holds preference pairs: use `stage: dpo` with `adapter_name_or_path`")
-    # Episodes would be built on the fly by the data pipeline; it has no importable build function yet.
-    raise ConfigError(f"{path} is not tokenized: run `agentrig data build --out DIR` on it and set dataset: DIR")
+    # An episodes file: build it on the fly with the data pipeline, beside the run, for this model.
+    from agentrig.databuild import build_dataset
+
+    built = Path(config.output_dir) / "data"
+    if not (built / "tokenized.jsonl").is_file():
+        build_dataset([path], built, model=config.model_name_or_path, max_seq_length=config.max_seq_length)
+    return load_tokenized(built / "tokenized.jsonl")
 
 
 def _check_vocab(max_id: int, model: Any, source: str) -> None:

@@ -1,0 +1,262 @@
+"""`agentrig run`: the main job, from nothing to a trained adapter and a base-vs-trained report.
+
+Stages, each writing into one run folder and recorded in `RUN/stages.json` when complete, so a rerun
+with the same folder skips finished stages (and the collector and the trainer resume their own partial
+work):
+
+1. collect    expert-teacher episodes on the train split, faults and augmentation on  -> collect/train.jsonl
+2. data       clean, window, render, tokenize and mask                                -> data/
+3. sft        LoRA SFT with the seed's knobs (r 32, alpha 64, q/k/v/o, lr 2e-4, cosine) -> sft/adapter
+4. eval       base and SFT adapter on the test and unseen-tools splits                -> eval/
+   (full)     rollouts of the SFT adapter -> preference pairs -> DPO -> eval sft+dpo   -> dpo/
+5. report     markdown + self-contained HTML: loss curve, metric bars, families, transcripts -> report.md/.html
+
+Profiles fix the sizes: `default` fits 20 minutes on 2 CPU cores; `full` trains longer and adds the
+DPO round. Not covered: distributed runs (use `accelerate launch -m agentrig train` per stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agentrig.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of one run of the main job."""
+
+    name: str
+    train_episodes: int
+    faults: float
+    rename: float
+    max_seq_length: int
+    sft_steps: int
+    batch_size: int  # packed rows per optimizer step
+    eval_limit: int  # tasks per split
+    eval_max_new_tokens: int
+    dpo: bool = False
+    rollout_episodes: int = 0
+    dpo_steps: int = 0
+
+
+PROFILES = {
+    "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=45,
+                       batch_size=1, eval_limit=20, eval_max_new_tokens=160),
+    "full": Profile("full", train_episodes=1500, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=300,
+                    batch_size=2, eval_limit=50, eval_max_new_tokens=256, dpo=True, rollout_episodes=200, dpo_steps=60),
+    # For tests and smoke runs: every stage, minutes of CPU.
+    "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
+                    batch_size=1, eval_limit=2, eval_max_new_tokens=24, dpo=True, rollout_episodes=4, dpo_steps=2),
+}
+EVAL_SPLITS = ["test", "test_unseen_tools"]
+
+
+@dataclass
+class RunConfig:
+    """The main job's settings (saved as RUN/run_config.json)."""
+
+    out: str = "runs/default"
+    profile: str = "default"
+    model: str = "smollm2-135m"
+    env: str = "datadesk"
+    seed: int = 0
+    workers: int = 2
+
+
+class _Stages:
+    """The run folder's record of finished stages: name -> outputs, written atomically after each."""
+
+    def __init__(self, root: Path):
+        self.path = root / "stages.json"
+        self.done: dict[str, dict[str, Any]] = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def run(self, name: str, label: str, fn: Callable[[], dict[str, Any]], console: Any, started: float) -> dict[str, Any]:
+        if name in self.done:
+            console.print(f"[dim]✓ {label}: done in an earlier run, skipped[/dim]")
+            return self.done[name]
+        console.rule(f"[bold]{label}[/bold]  (run time so far {_mmss(time.perf_counter() - started)})")
+        t = time.perf_counter()
+        out = fn()
+        out["seconds"] = round(time.perf_counter() - t, 1)
+        self.done[name] = out
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.done, indent=1))
+        tmp.replace(self.path)
+        console.print(f"[green]✓ {label}[/green] in {_mmss(out['seconds'])}")
+        return out
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+# -- stages -----------------------------------------------------------------------------------
+
+
+def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
+             episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
+    from agentrig.collect import CollectConfig, run_collect
+
+    out = root / "collect" / f"{name}.jsonl"
+    ccfg = CollectConfig(env=cfg.env, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
+                         faults=prof.faults, rename=prof.rename if teacher == "expert" else 0.0, seed=cfg.seed,
+                         out=str(out), workers=cfg.workers if teacher == "expert" else 1, **extra)
+    summary = run_collect(ccfg, resume=out.exists(), progress=True)
+    return {"episodes_file": str(out), "episodes": summary.episodes, "successes": summary.successes,
+            "recovered": summary.recovered, "faults": dict(summary.faults)}
+
+
+def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_file: str) -> dict[str, Any]:
+    from agentrig.databuild import build_dataset
+
+    report = build_dataset([episodes_file], root / "data", model=cfg.model, max_seq_length=prof.max_seq_length)
+    card = json.loads((root / "data" / "data_card.json").read_text())
+    return {"data_dir": report.out_dir, "samples": card["samples"], "tokens": card["tokens"], "kept": report.kept,
+            "dropped": report.dropped}
+
+
+def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, steps: int,
+           adapter: str | None = None) -> dict[str, Any]:
+    from agentrig.train import run_train
+    from agentrig.trainconfig import TrainConfig
+
+    tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
+                       lora_rank=32, lora_alpha=64, lora_target="q_proj,k_proj,v_proj,o_proj",
+                       learning_rate=2.0e-4 if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
+                       warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
+                       max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),
+                       packing=stage == "sft", seed=cfg.seed, adapter_name_or_path=adapter)
+    result = run_train(tcfg, resume=True)
+    history = [{**row, "stage": stage} for row in result.loss_history]
+    return {"adapter": result.adapter_dir, "steps": result.global_step, "loss_history": history,
+            "train_seconds": round(result.train_seconds, 1), "tokens": result.tokens,
+            "supervised_tokens": result.supervised_tokens, "vllm_command": result.vllm_command}
+
+
+def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str]) -> dict[str, Any]:
+    from agentrig.evaluate import EvalConfig, _run_with_progress
+    from agentrig.harness import HarnessConfig
+    from agentrig.hf_policy import HFPolicy
+    from agentrig.trajectory import write_episodes
+    from rich.console import Console
+
+    policy = HFPolicy.from_pretrained(cfg.model, adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed)
+    econfig = EvalConfig(env=cfg.env, splits=EVAL_SPLITS, limit=prof.eval_limit, seed=cfg.seed, harness=HarnessConfig())
+    out = root / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for name in variants:
+        policy.use(name)
+        res = _run_with_progress(policy, econfig, name, Console())
+        write_episodes(out / f"episodes_{name.replace('+', '_')}.jsonl", res.episodes)
+        results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
+                         "episodes_file": str(out / f"episodes_{name.replace('+', '_')}.jsonl")}
+    (out / "metrics.json").write_text(json.dumps({"config": asdict(econfig), "results": results}, indent=1))
+    return results
+
+
+def _pairs(root: Path, episode_files: list[str]) -> dict[str, Any]:
+    from agentrig.pairs import build_pairs
+    from agentrig.trajectory import read_episodes
+
+    episodes = [ep for f in episode_files for ep in read_episodes(f)]
+    pairs, summary = build_pairs(episodes, synthetic=True)
+    out = root / "dpo_pairs.jsonl"
+    with open(out, "w", encoding="utf-8") as fh:
+        for pair in pairs:
+            fh.write(json.dumps(pair.trl(), ensure_ascii=False) + "\n")
+    return {"pairs_file": str(out), **summary}
+
+
+def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[str, Any]], total_s: float) -> dict[str, Any]:
+    from agentrig.metrics import MetricSet
+    from agentrig.report import pick_transcripts, rich_table, write_report
+    from agentrig.trajectory import read_episodes
+    from rich.console import Console
+
+    evals = {**stages["eval"], **stages.get("eval_dpo", {})}
+    metric_sets = {name: MetricSet.from_dict(v["metrics"]) for name, v in evals.items()}
+    history = stages["sft"]["loss_history"] + stages.get("dpo", {}).get("loss_history", [])
+    trained = [n for n in evals if n != "base"][-1]
+    transcripts = pick_transcripts(read_episodes(evals[trained]["episodes_file"]), 3)
+    times = ", ".join(f"{k} {_mmss(v['seconds'])}" for k, v in stages.items() if "seconds" in v)
+    notes = [
+        f"profile {prof.name}: {stages['collect']['episodes']} teacher episodes (fault rate {prof.faults}), "
+        f"{stages['data']['samples']} samples, SFT {stages['sft']['steps']} steps"
+        + (f", DPO {stages['dpo']['steps']} steps on {stages['pairs']['pairs']} pairs" if "dpo" in stages else ""),
+        f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split, greedy",
+        f"stage times: {times}; total {_mmss(total_s)}",
+    ]
+    files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
+                         title=f"agentrig run ({prof.name}): {cfg.model} on {cfg.env}", notes=notes)
+    Console().print(rich_table(metric_sets, title=f"{cfg.model} on {cfg.env}: base vs trained"))
+    return {"markdown": str(files.markdown), "html": str(files.html)}
+
+
+def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    """Run (or resume) every stage of the main job; returns the stage records."""
+    from rich.console import Console
+
+    if cfg.profile not in PROFILES:
+        raise ConfigError(f"unknown profile {cfg.profile!r}; choose one of: {', '.join(PROFILES)}")
+    prof = PROFILES[cfg.profile]
+    root = Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    saved = root / "run_config.json"
+    if saved.exists():
+        before = json.loads(saved.read_text())
+        if {k: v for k, v in before.items() if k != "workers"} != {k: v for k, v in asdict(cfg).items() if k != "workers"}:
+            raise ConfigError(f"{root} holds a run with other settings ({before}); use another --out to start fresh")
+    saved.write_text(json.dumps(asdict(cfg), indent=1))
+    console = Console()
+    started = time.perf_counter()
+    st = _Stages(root)
+    names = ["collect", "data", "sft", "eval"] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"]
+
+    def stage(name: str, label: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        return st.run(name, f"[{names.index(name) + 1}/{len(names)}] {label}", fn, console, started)
+
+    collect = stage("collect", "collect teacher episodes", lambda: _collect(cfg, prof, root))
+    data = stage("data", "build training data", lambda: _build(cfg, prof, root, collect["episodes_file"]))
+    sft = stage("sft", "LoRA SFT", lambda: _train(cfg, prof, root, "sft", data["data_dir"], prof.sft_steps))
+    stage("eval", "evaluate base and SFT", lambda: _evaluate(cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"]))
+    if prof.dpo:
+        rollouts = stage("rollouts", "sample the SFT adapter's own rollouts", lambda: _collect(
+            cfg, prof, root, teacher="model", episodes=prof.rollout_episodes, name="rollouts", model=cfg.model,
+            adapter=sft["adapter"], temperature=0.8, max_new_tokens=prof.eval_max_new_tokens))
+        pairs = stage("pairs", "preference pairs", lambda: _pairs(root, [rollouts["episodes_file"], collect["episodes_file"]]))
+        dpo = stage("dpo", "DPO on the SFT adapter", lambda: _train(
+            cfg, prof, root, "dpo", pairs["pairs_file"], prof.dpo_steps, adapter=sft["adapter"]))
+        stage("eval_dpo", "evaluate SFT+DPO", lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"]))
+    stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done)))
+    console.print(f"[bold green]done[/bold green]: {st.done['report']['markdown']} and {st.done['report']['html']} "
+                  f"(all stages {_mmss(_total_seconds(st.done))}, this invocation {_mmss(time.perf_counter() - started)})")
+    return st.done
+
+
+def _total_seconds(done: dict[str, dict[str, Any]]) -> float:
+    return float(sum(v.get("seconds", 0) for v in done.values()))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of `agentrig run`."""
+    parser.add_argument("--out", default="runs/default", help="run folder; rerunning with it resumes (default: %(default)s)")
+    parser.add_argument("--profile", default="default", choices=list(PROFILES),
+                        help="default: 20 minutes on 2 CPU cores; full: longer SFT plus a DPO round; tiny: smoke test")
+    parser.add_argument("--model", default="smollm2-135m", help="base model name or folder")
+    parser.add_argument("--env", default="datadesk", help="environment: datadesk or path/to/file.py:make_env")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2, help="collector processes")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `agentrig run`."""
+    cfg = RunConfig(out=args.out, profile=args.profile, model=args.model, env=args.env, seed=args.seed, workers=args.workers)
+    run_main_job(cfg)
+    return 0

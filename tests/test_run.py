@@ -1,0 +1,54 @@
+"""The main job: every stage for real on the tiny profile, then a rerun that resumes instead of redoing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrig.errors import ConfigError
+from agentrig.run import PROFILES, RunConfig, _Stages, run_main_job
+
+
+def test_stage_record_skips_finished_stages(tmp_path):
+    from rich.console import Console
+
+    calls = []
+    st = _Stages(tmp_path)
+    st.run("a", "stage a", lambda: calls.append("a") or {"x": 1}, Console(), 0.0)
+    again = _Stages(tmp_path)  # a new invocation reads the record from disk
+    out = again.run("a", "stage a", lambda: calls.append("a2") or {"x": 2}, Console(), 0.0)
+    assert calls == ["a"] and out["x"] == 1 and "seconds" in out
+
+
+def test_a_folder_holding_another_run_is_refused(tmp_path):
+    (tmp_path / "run_config.json").write_text(json.dumps({**RunConfig(out=str(tmp_path)).__dict__, "seed": 7}))
+    with pytest.raises(ConfigError, match="holds a run with other settings"):
+        run_main_job(RunConfig(out=str(tmp_path), profile="tiny"))
+
+
+def test_profiles_use_the_seeds_lora_knobs_and_fit_the_budget():
+    default = PROFILES["default"]
+    assert not default.dpo and PROFILES["full"].dpo
+    assert default.sft_steps * default.batch_size * default.max_seq_length <= 200_000  # tokens we can train in ~8 min
+
+
+@pytest.mark.slow
+def test_tiny_main_job_end_to_end_and_resume(tmp_path):
+    out = tmp_path / "run"
+    done = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))
+    assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"}
+    assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes
+    assert (out / "sft" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (out / "dpo" / "adapter" / "adapter_model.safetensors").is_file()
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())["results"]
+    assert set(metrics) == {"base", "sft"}
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64" in html and "sft+dpo" in html
+    md = (out / "report.md").read_text()
+    assert "base" in md and "sft" in md
+    # Rerun with the same folder: every stage is skipped, nothing is recomputed.
+    mtime = (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime
+    again = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))
+    assert again == json.loads((out / "stages.json").read_text())
+    assert (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime == mtime
