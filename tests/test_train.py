@@ -219,3 +219,18 @@ def test_bad_data_is_a_data_error(tmp_path, tiny_model_dir):
     data.write_text('{"sample_id": "a", "input_ids": [1, 2], "labels": [1]}\n')
     with pytest.raises(DataError, match=r"tokenized.jsonl:1"):
         run_train(tiny_config(tiny_model_dir, data, tmp_path / "run"))
+
+
+def test_episodes_file_is_built_on_the_fly(tmp_path, tiny_model_dir):
+    """`dataset:` may name an episodes file: it is built with the data pipeline beside the run, then trained on."""
+    from agentrig.collect import CollectConfig, run_collect
+    from agentrig.train import run_train
+
+    episodes = tmp_path / "train.jsonl"
+    run_collect(CollectConfig(episodes=4, out=str(episodes), workers=1), progress=False)
+    config = tiny_config(tiny_model_dir, episodes, tmp_path / "run", max_seq_length=2048, max_steps=1,
+                         per_device_train_batch_size=1)
+    result = run_train(config)
+    built = tmp_path / "run" / "data" / "tokenized.jsonl"
+    assert built.is_file() and len(built.read_text().splitlines()) >= 4
+    assert result.global_step == 1 and result.supervised_tokens > 0
