@@ -1,10 +1,15 @@
-"""Rollout throughput: episodes per minute with batched lockstep generation vs one episode at a time.
+"""Rollout throughput: episodes per minute with batched, prefix-cached generation vs one episode at a time.
 
-Same test tasks, same model, same harness, greedy decoding, fresh tool state per episode in both modes:
-(a) `run_episodes(..., batch_size=B)` with `HFPolicy.generate_batch` (one left-padded `model.generate`
-per round for all live episodes), (b) `run_episode` for each task in turn. Prints both figures, the
-ratio (target >= 4x) and whether both modes produced the same transcripts (they should, up to
-floating-point ties). Run: `python benchmarks/rollout_throughput.py` (defaults are sized for a CPU).
+Same test tasks, same model, same harness, greedy decoding, fresh tool state per episode in every mode:
+(a) `run_episodes(..., batch_size=B)` with `HFPolicy.generate_batch` and the prefix cache on (one
+`model.generate` per round for all live episodes, each reusing its earlier steps' keys/values),
+(b) `run_episode` for each task in turn with the plain path (prefix cache off, batch size 1).
+Prints both figures, the ratio (target >= 4x) and whether both produced the same transcripts (they
+should, up to floating-point ties). `--cache-off-batched` adds (c): (a) with the prefix cache off, so
+(c)/(a) is what the cache alone buys at the same batch size.
+
+Run: `python benchmarks/rollout_throughput.py` (the issue's setting: 16 episodes, batch 16). A short
+version for a small CPU: `--episodes 4 --batch-size 4 --max-steps 2 --max-new-tokens 16`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--cache-off-batched", action="store_true",
+                        help="also run (c): batched like (a) but with the prefix cache off")
     args = parser.parse_args()
 
     import torch
@@ -39,7 +46,13 @@ def main() -> None:
     tasks = env.tasks(args.split, args.episodes, seed=0)
     config = HarnessConfig(max_steps=args.max_steps)
     policy = HFPolicy.from_pretrained(args.model, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-    policy.generate(_warmup_request(env, tasks[0], config, policy))
+
+    def plain(batch_size: int) -> HFPolicy:
+        return HFPolicy(policy.model, policy.tokenizer, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
+                        prefix_cache=False)
+
+    one_at_a_time = plain(1)
+    one_at_a_time.generate(_warmup_request(env, tasks[0], config))  # warms kernels, leaves (a)'s cache empty
 
     def jobs() -> list:
         states = []
@@ -57,22 +70,40 @@ def main() -> None:
 
     single_jobs, single_states = jobs()
     start = time.perf_counter()
-    single = [run_episode(task, tools, policy, config, episode_id=task.id) for task, tools, _ in single_jobs]
+    single = [run_episode(task, tools, one_at_a_time, config, episode_id=task.id) for task, tools, _ in single_jobs]
     single_s = time.perf_counter() - start
-    for state in batch_states + single_states:
+    states = batch_states + single_states
+
+    uncached = None
+    if args.cache_off_batched:
+        uncached_jobs, uncached_states = jobs()
+        states += uncached_states
+        start = time.perf_counter()
+        uncached = run_episodes(uncached_jobs, plain(args.batch_size), config, batch_size=args.batch_size)
+        uncached_s = time.perf_counter() - start
+    for state in states:
         env.close(state)
 
-    same = sum(1 for a, b in zip(batched, single) if [s.raw_output for s in a.steps] == [s.raw_output for s in b.steps])
+    def same(xs, ys) -> int:
+        return sum(1 for a, b in zip(xs, ys) if [s.raw_output for s in a.steps] == [s.raw_output for s in b.steps])
+
     steps = sum(len(e.steps) for e in batched)
     device = "cuda" if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
     print(f"model {args.model} on {device}, {platform.processor() or platform.machine()}; {len(tasks)} {args.split} "
           f"tasks, {steps} policy steps, max {args.max_steps} steps x {args.max_new_tokens} new tokens")
-    print(f"(a) batched lockstep (batch {args.batch_size}): {60 * len(batched) / batched_s:8.1f} episodes/min ({batched_s:.1f} s)")
-    print(f"(b) one episode at a time:      {60 * len(single) / single_s:8.1f} episodes/min ({single_s:.1f} s)")
-    print(f"ratio (a)/(b): {single_s / batched_s:.2f}x (target >= 4x); identical transcripts: {same}/{len(tasks)}")
+    print(f"(a) batched lockstep (batch {args.batch_size}), prefix cache on: "
+          f"{60 * len(batched) / batched_s:8.1f} episodes/min ({batched_s:.1f} s)")
+    print(f"(b) one episode at a time, plain path:       {60 * len(single) / single_s:8.1f} episodes/min ({single_s:.1f} s)")
+    print(f"ratio (a)/(b): {single_s / batched_s:.2f}x (target >= 4x); identical transcripts: "
+          f"{same(batched, single)}/{len(tasks)}")
+    if uncached is not None:
+        print(f"(c) batched lockstep (batch {args.batch_size}), prefix cache off: "
+              f"{60 * len(uncached) / uncached_s:8.1f} episodes/min ({uncached_s:.1f} s)")
+        print(f"prefix cache gain at batch {args.batch_size}, (a)/(c): {uncached_s / batched_s:.2f}x; identical "
+              f"transcripts: {same(batched, uncached)}/{len(tasks)}")
 
 
-def _warmup_request(env, task, config, policy):
+def _warmup_request(env, task, config):
     """One request to load kernels before timing."""
     from agentrig.harness import EpisodeRunner
 

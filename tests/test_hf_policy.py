@@ -1,4 +1,5 @@
-"""HFPolicy: batched greedy equals one-at-a-time, stop at `</tool_call>`, adapter routing, base weights untouched."""
+"""HFPolicy: batched greedy equals one-at-a-time, stop at `</tool_call>`, adapter routing, base weights untouched,
+and the prefix cache gives the uncached replies over multi-step episodes while prefilling far fewer tokens."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from agentrig.harness import PolicyRequest
 from agentrig.trajectory import TaskSpec
 
 
+SYSTEM = "You are a function-calling agent."
+
+
 def _request(prompt: str, family: str = "lookup") -> PolicyRequest:
-    messages = [
-        {"role": "system", "content": "You are a function-calling agent."},
-        {"role": "user", "content": prompt},
-    ]
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
     return PolicyRequest(messages=messages, tools=[], task=TaskSpec(id=prompt, prompt=prompt, family=family), step=0)
 
 
@@ -148,3 +149,116 @@ def test_sampling_with_a_seed_is_reproducible(tiny_model, smol_tokenizer) -> Non
     other = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=8, temperature=1.0, seed=8).generate_batch(requests)
     assert [r.text for r in first] == [r.text for r in again]
     assert [r.text for r in first] != [r.text for r in other]
+
+
+# -- prefix cache -------------------------------------------------------------------------------
+
+
+def _talkative_model(tokenizer):
+    """A tiny random Llama with a wide init: varied replies with clear logit margins (no greedy ties)."""
+    from agentrig.models import tiny_random_model
+
+    return tiny_random_model(len(tokenizer), initializer_range=0.2)
+
+
+def _episodes(policy, prompts: list[str], steps: int, rewrite: dict[int, str] | None = None) -> list[list[str]]:
+    """Drive `generate_batch` like the harness does: each step's prompt is the last one + reply + observation.
+
+    `rewrite[k] = episode` replaces that episode's context before step k with a new system prompt and only
+    its latest turn (what memory compression does), so its prompt no longer extends what was cached.
+    """
+    convs = {f"ep{i}": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}] for i, p in enumerate(prompts)}
+    texts: list[list[str]] = []
+    for k in range(steps):
+        for eid in [e for step, e in (rewrite or {}).items() if step == k]:
+            convs[eid] = [{"role": "system", "content": SYSTEM + " Memory: looked it up."}, convs[eid][1], *convs[eid][-2:]]
+        requests = [
+            PolicyRequest(messages=list(m), tools=[], task=TaskSpec(id=e, prompt=m[1]["content"], family="fa"), step=k, episode_id=e)
+            for e, m in convs.items()
+        ]
+        replies = policy.generate_batch(requests)
+        texts.append([r.text for r in replies])
+        for (eid, messages), reply in zip(convs.items(), replies):
+            messages.append({"role": "assistant", "content": reply.text})
+            messages.append({"role": "tool", "name": "lookup", "content": f"result {k} for {eid}: " + "ok " * (3 * len(eid) + k)})
+    return texts
+
+
+def _count_prefilled(model) -> list[int]:
+    """The token count (rows x columns) of every forward over more than one column (prefills, not decode steps)."""
+    seen: list[int] = []
+
+    def hook(_module, args) -> None:
+        if args[0].shape[1] > 1:
+            seen.append(args[0].numel())
+
+    model.get_input_embeddings().register_forward_pre_hook(hook)
+    return seen
+
+
+def test_prefix_cache_gives_the_uncached_replies_and_prefills_less(smol_tokenizer) -> None:
+    from agentrig.hf_policy import HFPolicy
+
+    model = _talkative_model(smol_tokenizer)
+    seen = _count_prefilled(model)
+    prompts = ["hi", "what is the stock level of SKU A-17 in the north warehouse?", "list orders"]
+    # ep1's context is rewritten before step 2: its prompt no longer extends its cached ids.
+    plain = _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=6, prefix_cache=False), prompts, 3, {2: "ep1"})
+    plain_tokens = sum(seen)
+    seen.clear()
+    cached = _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=6), prompts, 3, {2: "ep1"})
+    assert cached == plain
+    assert len({t for step in plain for t in step}) == 9, "replies should differ, else equality proves little"
+    assert sum(seen) < plain_tokens / 2
+
+
+def test_prefix_cache_rows_of_one_episode_in_separate_batches(smol_tokenizer) -> None:
+    from agentrig.hf_policy import HFPolicy
+
+    model = _talkative_model(smol_tokenizer)
+    prompts = ["a", "bb bb", "ccc ccc ccc", "dddd dddd dddd dddd"]
+    plain = _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=5, prefix_cache=False), prompts, 2)
+    # batch_size 2: two chunks per round, and the LRU (2 x batch_size) just holds all four episodes.
+    assert _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=5, batch_size=2), prompts, 2) == plain
+
+
+def test_prefix_cache_is_kept_per_adapter(smol_tokenizer, tmp_path) -> None:
+    from agentrig.hf_policy import HFPolicy
+
+    def fresh():
+        return _talkative_model(smol_tokenizer)
+
+    _save_adapter(fresh, tmp_path / "a", seed=1)
+    _save_adapter(fresh, tmp_path / "b", seed=2)
+    adapters = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    cached = HFPolicy(fresh(), smol_tokenizer, adapters=adapters, route="a", max_new_tokens=6)
+    plain = HFPolicy(fresh(), smol_tokenizer, adapters=adapters, route="a", max_new_tokens=6, prefix_cache=False)
+
+    def run(policy) -> list[list[str]]:
+        # one episode whose steps alternate adapters: a, b, a (the LoRA changes v_proj, so a reused
+        # cache from the other adapter would change the replies)
+        texts = []
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "route me"}]
+        for k, name in enumerate(["a", "b", "a"]):
+            policy.use(name)
+            request = PolicyRequest(list(messages), [], TaskSpec(id="t", prompt="route me", family="fa"), k, "ep")
+            text = policy.generate(request).text
+            texts.append(text)
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"go on {k}"}]
+        return texts
+
+    assert run(cached) == run(plain)
+
+
+def test_prefix_cache_with_sampling_is_reproducible(smol_tokenizer) -> None:
+    from agentrig.hf_policy import HFPolicy
+
+    model = _talkative_model(smol_tokenizer)
+    prompts = ["hi", "list orders"]
+
+    def sample(seed: int) -> list[list[str]]:
+        return _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=5, temperature=1.0, seed=seed), prompts, 2)
+
+    first = sample(7)
+    assert first == sample(7)
+    assert first != sample(8)

@@ -8,13 +8,27 @@ the training data uses), left-pads them into one batch and runs `model.generate`
 Generation stops at the end of a tool-call block (`</tool_call>`) or at the end-of-turn token; it is
 greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
 
+Prefix caching (`prefix_cache=True`, the default): step k of an episode re-sends step k-1's prompt plus
+the reply and the tool results, so the policy keeps, per (episode id, adapter), the token ids it has
+keys/values for and those tensors (batch 1), in an LRU of `2 * batch_size` entries. For a request the
+longest shared token prefix with any kept entry of the same adapter is reused (its own episode's entry
+in the usual case; another episode's, or an earlier row's of the same batch, for the system prompt at
+step 0), only the rest of the prompt but its last token is prefilled (batch 1, with that cache), and
+the rows' caches are left-padded with masked zeros into one batched `DynamicCache` for
+`model.generate`, which then runs the last prompt token and the decode steps for the whole batch. Afterwards each row's keys/values for its prompt and
+generated tokens are kept. Greedy replies equal the uncached path's up to floating-point ties.
+
 Not covered: prompts longer than the model's context (they are passed as is), beam search, and
 several tool calls in one turn (generation stops after the first block, as the field notes advise).
+The prefix cache assumes a model whose cache is plain full attention (Llama-family, e.g. SmolLM2);
+sliding-window or recurrent layers would need `prefix_cache=False`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
 from agentrig.errors import ConfigError
@@ -25,6 +39,14 @@ BASE = "base"  # the route name meaning "no adapter"
 TOOL_CALL_CLOSE = "</tool_call>"
 
 Route = Union[str, dict[str, str], Callable[[TaskSpec], Union[str, None]], None]
+
+
+@dataclass
+class _Prefix:
+    """Token ids and, per layer, their keys and values (`[1, kv_heads, len(ids), head_dim]`)."""
+
+    ids: list[int]
+    kv: list[tuple[Any, Any]]
 
 
 class HFPolicy:
@@ -44,6 +66,7 @@ class HFPolicy:
         top_p: nucleus sampling mass when sampling.
         seed: makes sampling reproducible for the same sequence of calls and batches.
         batch_size: most sequences in one `model.generate` call.
+        prefix_cache: reuse each episode's keys/values across its steps (see the module docstring).
     """
 
     def __init__(
@@ -59,6 +82,7 @@ class HFPolicy:
         top_p: float = 1.0,
         seed: int | None = None,
         batch_size: int = 16,
+        prefix_cache: bool = True,
     ) -> None:
         if temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {temperature}")
@@ -75,6 +99,9 @@ class HFPolicy:
         self.top_p = top_p
         self.seed = seed
         self.batch_size = batch_size
+        self.prefix_cache = prefix_cache
+        # (episode id, adapter) -> what that episode's last step computed; most recently used last.
+        self._prefixes: OrderedDict[tuple[str, str], _Prefix] = OrderedDict()
         self.adapter_names: list[str] = []
         self.model = self._load_adapters(model, adapters or {})
         self.model.eval()
@@ -149,7 +176,8 @@ class HFPolicy:
             with self._adapter(adapter):
                 for start in range(0, len(idx), self.batch_size):
                     chunk = idx[start : start + self.batch_size]
-                    for i, reply in zip(chunk, self._generate_ids([prompts[i] for i in chunk])):
+                    keys = [(requests[i].episode_id, adapter) for i in chunk]
+                    for i, reply in zip(chunk, self._generate_ids([prompts[i] for i in chunk], keys)):
                         replies[i] = reply
         return [r for r in replies if r is not None]
 
@@ -185,7 +213,8 @@ class HFPolicy:
             self.model.set_adapter(name)
             yield
 
-    def _generate_ids(self, prompts: list[list[int]]) -> list[PolicyReply]:
+    def _generate_ids(self, prompts: list[list[int]], keys: list[tuple[str, str]]) -> list[PolicyReply]:
+        """Generate for one batch (one adapter active); `keys` are the rows' prefix-cache keys."""
         import torch
 
         pad = self.tokenizer.pad_token_id
@@ -200,6 +229,7 @@ class HFPolicy:
             "eos_token_id": sorted(self._stop_ids),
             "pad_token_id": pad,
             "use_cache": True,
+            "return_dict_in_generate": True,
         }
         if self.temperature > 0:
             kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
@@ -209,9 +239,13 @@ class HFPolicy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         self._calls += 1
         with torch.inference_mode():
+            if self.prefix_cache and width > 1:
+                # generate sees a cache covering all but the last column and only runs that column.
+                kwargs["cache"] = self._batched_prefix(prompts, keys, width - 1)
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
         replies = []
-        for row, prompt in zip(out[:, width:].tolist(), prompts):
+        rows = out.sequences[:, width:].tolist()
+        for row, prompt in zip(rows, prompts):
             tokens, stopped = _until_stop(row, self._stop_ids | {pad})
             text = self.tokenizer.decode(tokens, skip_special_tokens=False)
             cut = text.find(TOOL_CALL_CLOSE)
@@ -220,7 +254,114 @@ class HFPolicy:
             replies.append(
                 PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens) + int(stopped))
             )
+        if self.prefix_cache and width > 1:
+            self._keep_prefixes(out.cache, prompts, rows, [r.completion_tokens for r in replies], keys, width)
         return replies
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def _batched_prefix(self, prompts: list[list[int]], keys: list[tuple[str, str]], length: int) -> Any:
+        """A `DynamicCache` of the rows' first `len(prompt) - 1` tokens, left-padded to `length` with zeros.
+
+        Each row reuses the longest prefix it shares with a kept entry, or with a row prefilled just
+        before it in this batch (at step 0 the episodes share the system prompt), and prefills the rest
+        at batch 1: prefill is compute-bound, so batching it gains little on a CPU, and unpadded rows keep
+        every position id equal to its index. The padded slots are masked by generate's attention mask,
+        and generate's position ids (the mask's cumulative sum) are those same unpadded positions.
+        """
+        import torch
+        from transformers import DynamicCache
+
+        device = next(self.model.parameters()).device
+        rows: list[list[tuple[Any, Any]]] = []
+        this_batch: list[_Prefix] = []
+        for prompt, key in zip(prompts, keys):
+            need = len(prompt) - 1
+            reused, kv = self._lookup(prompt, key, need, this_batch)
+            if reused < need:
+                cache = DynamicCache(ddp_cache_data=kv) if reused else DynamicCache()
+                self.model(input_ids=torch.tensor([prompt[reused:need]], device=device), cache=cache, use_cache=True,
+                           logits_to_keep=1)
+                kv = [(layer.keys, layer.values) for layer in cache.layers]
+                this_batch.append(_Prefix(prompt[:need], kv))
+            rows.append(kv)
+        layers = []
+        for layer in range(len(rows[0])):
+            k0, v0 = rows[0][layer]
+            keys_t = k0.new_zeros((len(rows), k0.shape[1], length, k0.shape[3]))
+            values_t = v0.new_zeros((len(rows), v0.shape[1], length, v0.shape[3]))
+            for b, kv in enumerate(rows):
+                n = kv[layer][0].shape[2]
+                if n:
+                    keys_t[b, :, length - n :] = kv[layer][0][0]
+                    values_t[b, :, length - n :] = kv[layer][1][0]
+            layers.append((keys_t, values_t))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _lookup(
+        self, prompt: list[int], key: tuple[str, str], limit: int, this_batch: list[_Prefix]
+    ) -> tuple[int, list[tuple[Any, Any]]]:
+        """The longest known prefix of `prompt` (at most `limit` tokens) computed by the same adapter, and its keys/values.
+
+        The episode's own entry is tried first. When the prompt does not extend it (memory compression
+        rewrote the context) or there is none yet (step 0), the rows prefilled earlier in this batch and the
+        other kept entries of the same adapter may share a prefix, usually the system prompt with the tool
+        list. Nothing shared: `(0, [])`.
+        """
+        own = self._prefixes.get(key)
+        others = [p for k, p in self._prefixes.items() if k[1] == key[1] and k != key]
+        best, best_n = None, 0
+        for entry in ([own] if own is not None else []) + this_batch + others:
+            n = min(_common_prefix(entry.ids, prompt), limit)
+            if n > best_n:
+                best, best_n = entry, n
+            if best_n == limit:
+                break
+        if best is None:
+            return 0, []
+        return best_n, [(k[:, :, :best_n], v[:, :, :best_n]) for k, v in best.kv]
+
+    def _keep_prefixes(
+        self,
+        cache: Any,
+        prompts: list[list[int]],
+        rows: list[list[int]],
+        completions: list[int],
+        keys: list[tuple[str, str]],
+        width: int,
+    ) -> None:
+        """Keep each row's keys/values for its prompt and generated tokens, unpadded, as its episode's entry.
+
+        The cache lacks the last generated token (never fed back), and tokens generated after a row
+        stopped are padding, so a row keeps `prompt + generated[:completion_tokens]` cut to what the cache
+        holds."""
+        held = cache.get_seq_length()
+        for b, (prompt, row, n_gen, key) in enumerate(zip(prompts, rows, completions, keys)):
+            offset = width - len(prompt)
+            ids = (prompt + row[:n_gen])[: held - offset]
+            kv = [
+                (layer.keys[b : b + 1, :, offset : offset + len(ids)].clone(),
+                 layer.values[b : b + 1, :, offset : offset + len(ids)].clone())
+                for layer in cache.layers
+            ]
+            self._prefixes.pop(key, None)
+            self._prefixes[key] = _Prefix(ids, kv)
+        while len(self._prefixes) > 2 * self.batch_size:
+            self._prefixes.popitem(last=False)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _until_stop(row: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
