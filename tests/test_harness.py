@@ -185,3 +185,23 @@ def test_scripted_policy_running_out_is_a_clear_error():
 
     with pytest.raises(AgentrigError, match="ran out of replies"):
         run_episode(TASK, tools(), ScriptedPolicy([call("add", a=1, b=1)]))
+
+
+def test_history_continues_a_multi_turn_conversation():
+    first = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=2, b=3), "5"]), HarnessConfig(memory=False))
+    seen = []
+
+    def policy(req):
+        seen.append(req.messages)
+        return "10"
+
+    second = EpisodeRunner(TaskSpec(id="t2", prompt="And doubled?"), tools(), HarnessConfig(memory=False),
+                           history=first.messages_full[1:])
+    while (req := second.request()) is not None:
+        second.submit(policy(req))
+    roles = [m["role"] for m in seen[0]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert seen[0][-1]["content"] == "And doubled?" and second.episode.final_answer == "10"
+    assert context_at(second.episode, 0) == seen[0] and len(second.episode.steps) == 1
+    with pytest.raises(Exception, match="must start with its first user message"):
+        EpisodeRunner(TASK, tools(), history=[{"role": "assistant", "content": "hi"}])

@@ -90,6 +90,14 @@ def _note_tool() -> Tool:
     )
 
 
+def _history(history: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    if not history:
+        return []
+    if history[0].get("role") != "user":
+        raise AgentrigError("a conversation history must start with its first user message")
+    return [dict(m) for m in history]
+
+
 def assistant_message(step: Step, protocol: str = "hermes") -> dict[str, Any]:
     """The canonical OpenAI-style assistant message of a step (what training renders)."""
     if not step.calls and any(d.kind == "unparseable_call" for d in step.defects):
@@ -127,7 +135,10 @@ class EpisodeRunner:
         token_counter: Callable[[str], int] | None = None,
         episode_id: str | None = None,
         seed: int | None = None,
+        history: list[dict[str, Any]] | None = None,
     ):
+        """`history`: earlier turns of a multi-turn conversation (starting with its first user message);
+        `task.prompt` is then the new user message. The history counts as context, not as steps."""
         self.config = config or HarnessConfig()
         self.proto = get_protocol(self.config.protocol)
         extra = [_note_tool()] if self.config.memory and tools.get("note") is None else []
@@ -143,7 +154,8 @@ class EpisodeRunner:
             protocol=self.proto.name,
             system_prompt=system,
             tools=specs,
-            messages_full=[{"role": "system", "content": system}, {"role": "user", "content": task.prompt}],
+            messages_full=[{"role": "system", "content": system}, *_history(history),
+                           {"role": "user", "content": task.prompt}],
             seed=seed,
             metadata={"harness": asdict(self.config), "step_message_index": []},
         )

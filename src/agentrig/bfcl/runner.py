@@ -129,7 +129,7 @@ class _Conversation:
     entry: BfclEntry
     session: BackendSession
     toolset: ToolSet
-    history: list[dict[str, Any]] = field(default_factory=list)  # messages after the first user turn
+    history: list[dict[str, Any]] = field(default_factory=list)  # the conversation so far, after the system prompt
     turns: list[list[list[ToolCall]]] = field(default_factory=list)
     episodes: list[Episode] = field(default_factory=list)
     stopped: bool = False
@@ -145,13 +145,10 @@ def _conversation(entry: BfclEntry) -> _Conversation:
 
 
 def _turn_runner(conv: _Conversation, turn: int, config: HarnessConfig) -> EpisodeRunner:
-    """An episode for user turn `turn` whose context already holds the earlier turns."""
-    first = turn_prompt(conv.entry.turns[0])
-    runner = EpisodeRunner(_task(conv.entry, first, turn), conv.toolset, config, episode_id=f"{conv.entry.id}/turn{turn}")
-    if turn > 0:
-        # The harness has one user message per episode; later turns are appended after the carried history.
-        runner.episode.messages_full.extend(conv.history + [{"role": "user", "content": turn_prompt(conv.entry.turns[turn])}])
-    return runner
+    """An episode for user turn `turn`, continuing the conversation of the earlier turns."""
+    prompt = turn_prompt(conv.entry.turns[turn])
+    return EpisodeRunner(_task(conv.entry, prompt, turn), conv.toolset, config,
+                         episode_id=f"{conv.entry.id}/turn{turn}", history=conv.history or None)
 
 
 def _lockstep(runners: list[EpisodeRunner], policy: Any, batch_size: int) -> None:
@@ -178,7 +175,7 @@ def run_multi_turn(entries: list[BfclEntry], policy: Any, config: HarnessConfig,
             episode = runner.episode
             conv.episodes.append(episode)
             conv.turns.append([step.calls for step in episode.steps if step.calls])
-            conv.history = episode.messages_full[2:]
+            conv.history = episode.messages_full[1:]  # the whole conversation so far, after the system prompt
             if episode.termination == "max_steps":
                 conv.stopped = True  # BFCL force-terminates the entry; the remaining turns go unanswered
     outcomes: list[EntryOutcome] = []
