@@ -6,8 +6,8 @@
     `SFTTrainer` with a PEFT `LoraConfig` and `SFTConfig` defaults (padded batches, gradient checkpointing,
     head over every position).
 
-Both run the same rendered chat samples (Hermes ChatML, tools in the system prompt, tool calls and tool
-results) for `--steps` optimizer steps with batch 2. Figures printed: supervised-token throughput of each
+Both run the same built datadesk samples (expert episodes with faults through `agentrig data build`;
+Hermes ChatML, tools in the system prompt, tool calls and tool results) for `--steps` optimizer steps with batch 2. Figures printed: supervised-token throughput of each
 (the supervised tokens of the samples consumed, divided by the `train()` wall time after the first step,
 which is warm-up; tokens pro rata by steps) and the ratio a/b,
 peak RSS of each (each side runs in its own process), and (a)'s model FLOP utilization against an fp32
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import resource
 import subprocess
 import sys
@@ -30,48 +29,31 @@ import tempfile
 import time
 from pathlib import Path
 
-TOOLS = [
-    {"type": "function", "function": {"name": name, "description": desc, "parameters": {
-        "type": "object", "properties": {p: {"type": t, "description": f"the {p}"} for p, t in params},
-        "required": [p for p, _ in params]}}}
-    for name, desc, params in [
-        ("stock_level", "Current stock of a product by SKU.", [("sku", "string")]),
-        ("reorder", "Place a reorder for a product.", [("sku", "string"), ("quantity", "integer")]),
-        ("search_orders", "Find orders by customer and status.", [("customer", "string"), ("status", "string")]),
-        ("get_weather", "Weather forecast for a city and day.", [("city", "string"), ("day", "string")]),
-        ("convert_currency", "Convert an amount between currencies.",
-         [("amount", "number"), ("source", "string"), ("target", "string")]),
-    ]
-]
-WORDS = ("stock order customer shipment warehouse delay invoice city report supplier product price total "
-         "please check the and for with today tomorrow reorder level quantity status open closed").split()
+MAX_LEN = 2048  # the main job's max_seq_length: a datadesk sample is ~1,300 tokens, its system prompt ~900
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the seed's lora_target
 
 
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
-
-
-def conversations(n: int, seed: int = 0) -> list[list[dict]]:
-    """Synthetic tool-use episodes in OpenAI message format, 1 to 4 tool rounds each."""
-    rng = random.Random(seed)
-    system = ("You are a function-calling agent. You may call these tools:\n<tools>\n"
-              + "\n".join(json.dumps(t) for t in TOOLS) + "\n</tools>\nCall a tool with <tool_call>...</tool_call>.")
+def _plain_messages(messages: list[dict]) -> list[dict]:
+    """Messages as a TRL user writes them: arguments as dicts, no agentrig-only keys (weights)."""
     out = []
-    for i in range(n):
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": _sentence(rng, rng.randint(8, 40))}]
-        for k in range(rng.randint(1, 4)):
-            tool = rng.choice(TOOLS)["function"]
-            args = {p: (rng.randint(1, 500) if s["type"] in ("integer", "number") else rng.choice(WORDS))
-                    for p, s in tool["parameters"]["properties"].items()}
-            call = {"id": f"c{i}_{k}", "type": "function",
-                    "function": {"name": tool["name"], "arguments": json.dumps(args)}}
-            messages.append({"role": "assistant", "content": _sentence(rng, rng.randint(0, 12)) if rng.random() < 0.5
-                             else "", "tool_calls": [call]})
-            messages.append({"role": "tool", "tool_call_id": call["id"], "name": tool["name"],
-                             "content": json.dumps({"result": _sentence(rng, rng.randint(5, 60))})})
-        messages.append({"role": "assistant", "content": _sentence(rng, rng.randint(10, 60))})
-        out.append(messages)
+    for m in messages:
+        m = {k: v for k, v in m.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name")}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]
+        out.append(m)
     return out
+
+def datadesk_samples(n: int, work: Path) -> list[dict]:
+    """`n` built datadesk samples (messages + tools): expert episodes with faults, through `agentrig data build`."""
+    from agentrig.collect import CollectConfig, run_collect
+    from agentrig.databuild import build_dataset
+
+    episodes = work / "episodes.jsonl"
+    run_collect(CollectConfig(episodes=n, out=str(episodes), workers=1, seed=0), progress=False)
+    build_dataset([episodes], work / "built", model="smollm2-135m", max_seq_length=MAX_LEN)
+    rows = [json.loads(line) for line in (work / "built" / "samples.jsonl").read_text().splitlines()]
+    return rows[:n]
 
 
 def step_clock():
@@ -101,7 +83,8 @@ def _peak_rss_gb() -> float:
 
 
 def _lora_kwargs() -> dict:
-    return dict(lora_rank=32, lora_alpha=64, lora_target="all", per_device_train_batch_size=2, max_seq_length=1024)
+    return dict(lora_rank=32, lora_alpha=64, lora_target=",".join(TARGETS), per_device_train_batch_size=2,
+                max_seq_length=MAX_LEN)
 
 
 def run_agentrig(work: Path, steps: int, samples: int) -> dict:
@@ -113,9 +96,9 @@ def run_agentrig(work: Path, steps: int, samples: int) -> dict:
 
     renderer = Renderer.for_model("smollm2-135m")
     rows = []
-    for i, messages in enumerate(conversations(samples)):
-        ids, labels = renderer.sample_ids(messages)
-        rows.append({"sample_id": str(i), "input_ids": ids[:1024], "labels": labels[:1024]})
+    for i, sample in enumerate(datadesk_samples(samples, work)):
+        ids, labels = renderer.sample_ids(sample["messages"])
+        rows.append({"sample_id": str(i), "input_ids": ids[:MAX_LEN], "labels": labels[:MAX_LEN]})
     data = work / "tokenized.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = config_from_dict(dict(dataset=str(data), output_dir=str(work / "a"), max_steps=steps, save_steps=10_000,
@@ -155,13 +138,15 @@ def run_plain(work: Path, steps: int, samples: int) -> dict:
     tokenizer = load_tokenizer("smollm2-135m")
     renderer = Renderer(tokenizer)
     tokenizer.chat_template = renderer.chat_template  # the same rendering as (a)
-    convs = conversations(samples)
-    supervised = [sum(1 for x in renderer.sample_ids(m)[1] if x != -100) for m in convs]
-    dataset = Dataset.from_list([{"messages": m, "tools": TOOLS} for m in convs])
-    args = SFTConfig(output_dir=str(work / "b"), per_device_train_batch_size=2, max_length=1024, max_steps=steps,
+    built = datadesk_samples(samples, work)
+    convs = [_plain_messages(row["messages"]) for row in built]
+    supervised = [sum(1 for x in renderer.sample_ids(row["messages"])[1] if x != -100) for row in built]
+    # TRL's documented shape for tool data: a messages column and a tools column (here as OpenAI specs).
+    dataset = Dataset.from_list([{"messages": m, "tools": json.loads(row["tools"])} for m, row in zip(convs, built)])
+    args = SFTConfig(output_dir=str(work / "b"), per_device_train_batch_size=2, max_length=MAX_LEN, max_steps=steps,
                      learning_rate=2e-4, lr_scheduler_type="cosine", logging_steps=1, report_to="none",
                      save_strategy="no", bf16=False, use_cpu=True, disable_tqdm=True)
-    lora = LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM")
+    lora = LoraConfig(r=32, lora_alpha=64, target_modules=TARGETS, task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=resolve_model("smollm2-135m"), args=args, train_dataset=dataset,
                          processing_class=tokenizer, peft_config=lora)
     clock = step_clock()
@@ -215,8 +200,8 @@ def main() -> None:
     tput_a, tput_b = a["supervised_tokens"] / a["seconds"], b["supervised_tokens"] / b["seconds"]
     mfu = a["flops"]["lora_need"] / a["seconds"] / (peak * 1e9)
     mfu6 = a["flops"]["six_n"] / a["seconds"] / (peak * 1e9)
-    print(f"steps {args.steps}, batch 2, max_seq_length 1024, LoRA r=32 all-linear, SmolLM2-135M fp32, "
-          f"{args.samples} samples")
+    print(f"steps {args.steps}, batch 2, max_seq_length {MAX_LEN}, LoRA r=32 q/k/v/o, SmolLM2-135M fp32, "
+          f"{args.samples} built datadesk samples")
     print(f"(a) agentrig : {tput_a:8.1f} supervised tok/s  ({a['tokens'] / a['seconds']:.1f} tok/s incl. context)"
           f"  peak RSS {a['peak_rss_gb']:.2f} GB  ({a['seconds']:.1f} s)")
     print(f"(b) plain TRL: {tput_b:8.1f} supervised tok/s  peak RSS {b['peak_rss_gb']:.2f} GB  ({b['seconds']:.1f} s)")

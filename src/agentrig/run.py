@@ -180,7 +180,8 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
     from agentrig.trajectory import read_episodes
     from rich.console import Console
 
-    evals = {**stages["eval"], **stages.get("eval_dpo", {})}
+    evals = {name: v for stage in ("eval", "eval_dpo") for name, v in stages.get(stage, {}).items()
+             if isinstance(v, dict) and "metrics" in v}
     metric_sets = {name: MetricSet.from_dict(v["metrics"]) for name, v in evals.items()}
     history = stages["sft"]["loss_history"] + stages.get("dpo", {}).get("loss_history", [])
     trained = [n for n in evals if n != "base"][-1]
