@@ -40,6 +40,7 @@ class Profile:
     batch_size: int  # packed rows per optimizer step
     eval_limit: int  # tasks per split
     eval_max_new_tokens: int
+    eval_faults: float = 0.2  # injected tool faults during evaluation, so recovery is measured
     dpo: bool = False
     rollout_episodes: int = 0
     dpo_steps: int = 0
@@ -147,7 +148,8 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     from rich.console import Console
 
     policy = HFPolicy.from_pretrained(cfg.model, adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed)
-    econfig = EvalConfig(env=cfg.env, splits=EVAL_SPLITS, limit=prof.eval_limit, seed=cfg.seed, harness=HarnessConfig())
+    econfig = EvalConfig(env=cfg.env, splits=EVAL_SPLITS, limit=prof.eval_limit, faults=prof.eval_faults, seed=cfg.seed,
+                         harness=HarnessConfig())
     out = root / "eval"
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
@@ -191,7 +193,8 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"profile {prof.name}: {stages['collect']['episodes']} teacher episodes (fault rate {prof.faults}), "
         f"{stages['data']['samples']} samples, SFT {stages['sft']['steps']} steps"
         + (f", DPO {stages['dpo']['steps']} steps on {stages['pairs']['pairs']} pairs" if "dpo" in stages else ""),
-        f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split, greedy",
+        f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split, greedy, "
+        f"injected tool-fault rate {prof.eval_faults}",
         f"stage times: {times}; total {_mmss(total_s)}",
     ]
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,8 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
     from agentrig.models import load_tokenizer
     from agentrig.trainlog import ProgressCallback, TokenMeter, loss_history, save_loss_curve
 
+    # transformers 5 warns about its own renamed flags on every run; nothing for our users to act on.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     transformers.set_seed(config.seed)
     output_dir = Path(config.output_dir)
     checkpoints = output_dir / "checkpoints"
