@@ -8,7 +8,6 @@ the `accelerate launch` path with a single CPU process.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -116,12 +115,12 @@ def test_sigkilled_process_resumes_and_finishes(tmp_path, tiny_model_dir):
     _assert_same_adapter(reference.adapter_dir, tmp_path / "killed" / "adapter")
 
 
-@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")
 def test_accelerate_launch_one_cpu_process(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=5))
     config_path = _write_config(tmp_path / "train.yaml",
                                 tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=2, save_steps=2))
-    command = ["accelerate", "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+    # `python -m accelerate.commands.launch` is the `accelerate launch` CLI, found without the venv on PATH.
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
                "--dynamo_backend", "no", "--cpu", "-m", "agentrig", "train", "--config", str(config_path)]
     done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
