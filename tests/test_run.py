@@ -43,6 +43,7 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert (out / "dpo" / "adapter" / "adapter_model.safetensors").is_file()
     metrics = json.loads((out / "eval" / "metrics.json").read_text())["results"]
     assert set(metrics) == {"base", "sft"}
+    assert set(json.loads((out / "eval_dpo" / "metrics.json").read_text())["results"]) == {"sft+dpo"}
     html = (out / "report.html").read_text()
     assert "data:image/png;base64" in html and "sft+dpo" in html
     md = (out / "report.md").read_text()

@@ -140,7 +140,8 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
             "supervised_tokens": result.supervised_tokens, "vllm_command": result.vllm_command}
 
 
-def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str]) -> dict[str, Any]:
+def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str],
+              folder: str = "eval") -> dict[str, Any]:
     from agentrig.evaluate import EvalConfig, _run_with_progress
     from agentrig.harness import HarnessConfig
     from agentrig.hf_policy import HFPolicy
@@ -150,7 +151,7 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     policy = HFPolicy.from_pretrained(cfg.model, adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed)
     econfig = EvalConfig(env=cfg.env, splits=EVAL_SPLITS, limit=prof.eval_limit, faults=prof.eval_faults, seed=cfg.seed,
                          harness=HarnessConfig())
-    out = root / "eval"
+    out = root / folder
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for name in variants:
@@ -237,7 +238,8 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         pairs = stage("pairs", "preference pairs", lambda: _pairs(root, [rollouts["episodes_file"], collect["episodes_file"]]))
         dpo = stage("dpo", "DPO on the SFT adapter", lambda: _train(
             cfg, prof, root, "dpo", pairs["pairs_file"], prof.dpo_steps, adapter=sft["adapter"]))
-        stage("eval_dpo", "evaluate SFT+DPO", lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"]))
+        stage("eval_dpo", "evaluate SFT+DPO",
+              lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"], folder="eval_dpo"))
     stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done)))
     console.print(f"[bold green]done[/bold green]: {st.done['report']['markdown']} and {st.done['report']['html']} "
                   f"(all stages {_mmss(_total_seconds(st.done))}, this invocation {_mmss(time.perf_counter() - started)})")
