@@ -7,10 +7,11 @@ labelled as such wherever they are shown.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentrig.metrics import wilson_interval  # one Wilson interval for every report
 
 PUBLISHED_LABEL = "published BFCL v4 figures, 2025-12"
 
@@ -22,16 +23,6 @@ PUBLISHED: dict[str, dict[str, str]] = {
     "Llama-3.2-1B": {"simple_python": "75.0", "irrelevance": "51.6", "multi_turn_base": "< 4"},
     "xLAM-2-1b": {"multi_turn_base": "36.0"},
 }
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion (sound at 0 and n, unlike the normal approximation)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)
