@@ -34,15 +34,11 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the seed's lora_target
 
 
 def _plain_messages(messages: list[dict]) -> list[dict]:
-    """Messages as a TRL user writes them: arguments as dicts, no agentrig-only keys (weights)."""
-    out = []
-    for m in messages:
-        m = {k: v for k, v in m.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name")}
-        if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
-        out.append(m)
-    return out
+    """Messages as a TRL user writes them: OpenAI keys only (no agentrig weights); arguments stay JSON strings,
+    since Arrow cannot hold dict arguments whose value types differ across rows (trl#5118)."""
+    return [{k: v for k, v in m.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name")}
+            for m in messages]
+
 
 def datadesk_samples(n: int, work: Path) -> list[dict]:
     """`n` built datadesk samples (messages + tools): expert episodes with faults, through `agentrig data build`."""
