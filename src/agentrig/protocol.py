@@ -84,23 +84,31 @@ def _load_call_object(raw: str) -> tuple[Any, Repair | None, str | None]:
         strict_error = f"invalid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
     if len(text) > MAX_REPAIR_CHARS:
         return None, None, strict_error
-    try:
-        import json_repair
+    for kind, repair_fn in (("json_repair", _json_repair), ("literal_eval", _literal_eval)):
+        value = repair_fn(text)
+        if isinstance(value, dict) and value:
+            return value, Repair(kind, raw, json.dumps(value, ensure_ascii=False, default=repr)), None
+    return None, None, strict_error
 
-        repaired = json_repair.repair_json(text, return_objects=True)
-        if isinstance(repaired, dict) and repaired:
-            return repaired, Repair("json_repair", raw, json.dumps(repaired, ensure_ascii=False)), None
-    except Exception:  # json_repair is a best-effort helper; its failure only means "not repairable"
-        pass
+
+def _json_repair(text: str) -> Any:
+    """json_repair's reading of the text, or None when it cannot make one (a best-effort helper)."""
+    import json_repair
+
+    try:
+        return json_repair.repair_json(text, return_objects=True)
+    except Exception:  # its failure, whatever the exception, only means "not repairable this way"
+        return None
+
+
+def _literal_eval(text: str) -> Any:
+    """The text as a Python literal (single-quoted dicts), or None when it is not one."""
     try:
         with warnings.catch_warnings():  # model text may hold invalid escapes; not our warning to print
             warnings.simplefilter("ignore")
-            value = ast.literal_eval(text)
-        if isinstance(value, dict):
-            return value, Repair("literal_eval", raw, json.dumps(value, ensure_ascii=False, default=repr)), None
+            return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        pass
-    return None, None, strict_error
+        return None
 
 
 def _normalize_call(obj: Any, raw: str, args_key: str, repairs: list[Repair]) -> tuple[str, dict[str, Any]] | str:
