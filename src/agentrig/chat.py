@@ -140,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
 
     from agentrig.envs import load_env
 
-    console = Console()
+    console = Console(soft_wrap=True)  # the terminal wraps; rich must not cut lines (paths, JSON) itself
     env = load_env(args.env)
     tools, state = session_tools(env)
     policy = build_policy(args)
