@@ -10,6 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Console output (rich tables, banners) is laid out for a fixed width, whatever terminal or CI runs the tests.
+os.environ["COLUMNS"] = "120"
 
 
 @pytest.fixture(scope="session")
