@@ -1,7 +1,8 @@
 """Training throughput: agentrig's trainer against the plain TRL recipe, same data, model and LoRA config.
 
-(a) agentrig: `run_train` (pre-tokenized samples, best-fit packing with per-sample position ids, LM head
-    only at supervised positions, no gradient checkpointing, fp32 on CPU).
+(a) agentrig: `run_train` (pre-tokenized samples, best-fit packing with per-sample position ids, causal
+    attention per sample without a mask, LM head only at supervised positions, no gradient checkpointing,
+    fp32 on CPU).
 (b) plain TRL, as TRL's docs show for conversational tool data: a `messages` + `tools` dataset,
     `SFTTrainer` with a PEFT `LoraConfig` and `SFTConfig` defaults (padded batches, gradient checkpointing,
     head over every position).
@@ -85,7 +86,6 @@ def _lora_kwargs() -> dict:
 
 def run_agentrig(work: Path, steps: int, samples: int) -> dict:
     """Side (a), in this process."""
-    from agentrig.models import load_model
     from agentrig.render import Renderer
     from agentrig.trainconfig import config_from_dict
     from agentrig.train import run_train
@@ -103,9 +103,20 @@ def run_agentrig(work: Path, steps: int, samples: int) -> dict:
     result = run_train(config, callbacks=[clock])
     seconds, share = _steady(clock, result.train_seconds, steps)
     rss = _peak_rss_gb()
-    flops = _model_flops(load_model("smollm2-135m"), rows, result.tokens * share, result.supervised_tokens * share)
+    flops = _model_flops(_meta_model("smollm2-135m"), rows, result.tokens * share, result.supervised_tokens * share)
     return {"seconds": seconds, "supervised_tokens": result.supervised_tokens * share, "tokens": result.tokens * share,
             "flops": flops, "peak_rss_gb": rss}
+
+
+def _meta_model(name: str):
+    """The model's architecture on the meta device: parameter counts without loading (or allocating) weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrig.models import resolve_model
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model(name)))
 
 
 def _model_flops(model, rows: list[dict], tokens: int, supervised: int) -> dict:
@@ -185,6 +196,10 @@ def main() -> None:
     parser.add_argument("--side", choices=["a", "b"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
+        if args.side == "a":  # as `agentrig train` does at start: huge pages for torch's large CPU blocks
+            from agentrig.cli import cpu_allocator_defaults
+
+            cpu_allocator_defaults()
         with tempfile.TemporaryDirectory() as tmp:
             run = run_agentrig if args.side == "a" else run_plain
             print(json.dumps(run(Path(tmp), args.steps, args.samples)))

@@ -7,7 +7,9 @@ curve. Accelerate runs underneath, so `accelerate launch -m agentrig train --con
 config with DDP, FSDP or DeepSpeed (see docs/training.md).
 
 Where the speed comes from on CPU: best-fit packing with per-sample position ids (no padding, no
-cross-sample attention; `packing.py`), the LM head and loss only at supervised positions (`lmloss.py`),
+cross-sample attention; `packing.py`), causal attention per sample with the fused SDPA kernel instead of
+a block-diagonal mask (`attention.py`), the gated MLP's activation saving two tensors instead of three
+(`fused.py`), the LM head and loss only at supervised positions (`lmloss.py`),
 no gradient checkpointing (it recomputes the forward; CPU RAM is not the limit for small models), fp32
 on CPU and bf16 on GPUs that have it.
 
@@ -119,6 +121,8 @@ def _check_vocab(max_id: int, model: Any, source: str) -> None:
 
 def _setup_model(config: TrainConfig) -> Any:
     """The base model (fp32 on CPU, bf16 on capable GPUs) with the supervised-position head."""
+    from agentrig.attention import use_packed_attention
+    from agentrig.fused import fuse_gated_mlps
     from agentrig.lmloss import add_supervised_head
     from agentrig.models import load_model
 
@@ -127,6 +131,8 @@ def _setup_model(config: TrainConfig) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot load model {config.model_name_or_path!r} offline: {exc}") from None
     model.config.use_cache = False
+    use_packed_attention(model, config.max_seq_length)
+    fuse_gated_mlps(model)
     return add_supervised_head(model)
 
 
@@ -190,6 +196,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from datasets import Dataset
     from trl import SFTConfig
 
+    from agentrig.attention import NAME as PACKED_ATTENTION
     from agentrig.packing import RowCollator, pack_rows, packing_stats
 
     samples = _setup_sft_data(config)
@@ -201,11 +208,14 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     stats.update(samples=len(samples), truncated=truncated)
     model = _setup_model(config)
     _check_vocab(max(max(r["input_ids"]) for r in rows), model, config.dataset)
+    # Rows of a batch are joined without padding when attention already keeps samples apart by position.
+    per_sample_attention = model.config._attn_implementation == PACKED_ATTENTION
     args = SFTConfig(**_training_kwargs(config, checkpoints), dataset_kwargs={"skip_prepare_dataset": True},
                      packing=False, padding_free=False, max_length=None)
     trainer = _sft_trainer_class()(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        data_collator=RowCollator(tokenizer.pad_token_id), peft_config=_lora_config(config), meter=meter)
+        data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
+        peft_config=_lora_config(config), meter=meter)
     return trainer, stats
 
 
