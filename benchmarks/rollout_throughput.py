@@ -10,6 +10,9 @@ should, up to floating-point ties). `--cache-off-batched` adds (c): (a) with the
 
 Run: `python benchmarks/rollout_throughput.py` (the issue's setting: 16 episodes, batch 16). A short
 version for a small CPU: `--episodes 4 --batch-size 4 --max-steps 2 --max-new-tokens 16`.
+`--adapter DIR` runs both modes with a trained LoRA adapter (e.g. the main job's `runs/default/sft/adapter`):
+a trained agent calls tools, so its episodes run several steps and the prefix cache has earlier steps to
+reuse, which is the evaluation and rollout-collection workload; the base model mostly answers in one step.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--adapter", default=None, help="a LoRA adapter folder both modes run with")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--cache-off-batched", action="store_true",
                         help="also run (c): batched like (a) but with the prefix cache off")
@@ -45,7 +49,9 @@ def main() -> None:
     env = load_env(args.env)
     tasks = env.tasks(args.split, args.episodes, seed=0)
     config = HarnessConfig(max_steps=args.max_steps)
-    policy = HFPolicy.from_pretrained(args.model, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    adapters = {"trained": args.adapter} if args.adapter else None
+    policy = HFPolicy.from_pretrained(args.model, adapters, max_new_tokens=args.max_new_tokens,
+                                      batch_size=args.batch_size)
 
     def plain(batch_size: int) -> HFPolicy:
         return HFPolicy(policy.model, policy.tokenizer, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
@@ -89,7 +95,7 @@ def main() -> None:
 
     steps = sum(len(e.steps) for e in batched)
     device = "cuda" if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"model {args.model} on {device}, {platform.processor() or platform.machine()}; {len(tasks)} {args.split} "
+    print(f"model {args.model}{' + adapter ' + args.adapter if args.adapter else ''} on {device}, {platform.processor() or platform.machine()}; {len(tasks)} {args.split} "
           f"tasks, {steps} policy steps, max {args.max_steps} steps x {args.max_new_tokens} new tokens")
     print(f"(a) batched lockstep (batch {args.batch_size}), prefix cache on: "
           f"{60 * len(batched) / batched_s:8.1f} episodes/min ({batched_s:.1f} s)")
