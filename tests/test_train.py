@@ -90,6 +90,10 @@ def test_bad_values_are_config_errors():
         config_from_dict({"dataset": "d", "lora_rank": "eight"})
     assert config_from_dict({"dataset": "d", "learning_rate": "1e-4"}).learning_rate == 1e-4
     assert config_from_dict({"dataset": "d", "lora_target": "all"}).target_modules() == "all-linear"
+    # Defaults are the seed's LoRA knobs.
+    default = config_from_dict({"dataset": "d"})
+    assert (default.lora_rank, default.lora_alpha, default.learning_rate, default.lr_scheduler_type) == (32, 64, 2e-4, "cosine")
+    assert default.target_modules() == ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def test_resolved_config_round_trips(tmp_path):

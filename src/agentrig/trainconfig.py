@@ -43,7 +43,7 @@ class TrainConfig:
     lora_rank: int = field(default=32, metadata=_help("LoRA rank r (vLLM serves it with --max-lora-rank >= r)"))
     lora_alpha: int = field(default=64, metadata=_help("LoRA scaling numerator (scale = alpha / rank)"))
     lora_dropout: float = field(default=0.0, metadata=_help("dropout on the LoRA branch"))
-    lora_target: str | list[str] = field(default="all", metadata=_help(
+    lora_target: str | list[str] = field(default="q_proj,k_proj,v_proj,o_proj", metadata=_help(
         "comma-separated module names (q_proj,v_proj,...) or `all` for every linear layer but the head"))
     learning_rate: float = field(default=2.0e-4, metadata=_help("peak learning rate (AdamW)"))
     per_device_train_batch_size: int = field(default=2, metadata=_help(
