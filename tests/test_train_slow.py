@@ -48,7 +48,7 @@ def test_default_model_trains_30_steps(tmp_path):
     data = tmp_path / "tokenized.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = config_from_dict(dict(dataset=str(data), output_dir=str(tmp_path / "run"), max_steps=30, save_steps=15,
-                                   lora_rank=16, lora_alpha=32, learning_rate=5e-4, max_seq_length=1024,
+                                   lora_rank=16, lora_alpha=32, lora_target="all", learning_rate=5e-4, max_seq_length=1024,
                                    per_device_train_batch_size=1, lr_scheduler_type="cosine"))
     result = run_train(config)
     losses = [h["loss"] for h in result.loss_history]
