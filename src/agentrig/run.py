@@ -50,7 +50,7 @@ PROFILES = {
     "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=45,
                        batch_size=1, eval_limit=20, eval_max_new_tokens=160),
     "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=120,
-                    batch_size=2, eval_limit=30, eval_max_new_tokens=192, dpo=True, rollout_episodes=48, dpo_steps=24),
+                    batch_size=2, eval_limit=20, eval_max_new_tokens=192, dpo=True, rollout_episodes=48, dpo_steps=24),
     # For tests and smoke runs: every stage, minutes of CPU.
     "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
                     batch_size=1, eval_limit=2, eval_max_new_tokens=24, dpo=True, rollout_episodes=4, dpo_steps=2),
