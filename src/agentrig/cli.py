@@ -46,8 +46,8 @@ def cpu_allocator_defaults() -> None:
 
     Training and prefill allocate and free GBs of activations per step; on 4 KiB pages that is millions of
     page faults, and glibc's heap fragments around them. With huge pages (`THP_MEM_ALLOC_ENABLE`, read by
-    torch once at its first allocation) a SmolLM2 LoRA step at 2x2048 on 2 CPU cores ran ~1.2x faster at a
-    lower peak RSS (docs/benchmarks.md). A value the user set is kept; without torch or THP it is inert.
+    torch once at its first allocation) a SmolLM2 LoRA step at 2x2048 on 2 CPU cores ran ~1.1x faster and
+    peaked at 6.0 GB instead of 7.8 GB (docs/benchmarks.md). A value the user set is kept; without torch or THP it is inert.
     """
     if "torch" not in sys.modules:
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
