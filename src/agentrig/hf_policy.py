@@ -4,7 +4,7 @@ The base model is loaded once; any number of PEFT adapters are loaded next to it
 (`PeftModel.load_adapter`, never merged, seed section 2.4) and each episode is routed to one of them by
 a fixed name, a family -> adapter dict, or a callable over the `TaskSpec`. `generate_batch` groups the
 requests by adapter, renders each prompt with `agentrig.render.Renderer.prompt_ids` (the one rendering
-the training data uses), left-pads them into one batch and runs `model.generate` with the KV cache.
+the training data uses) and generates for up to `batch_size` of them together with the KV cache.
 Generation stops at the end of a tool-call block (`</tool_call>`) or at the end-of-turn token; it is
 greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
 
@@ -14,9 +14,12 @@ keys/values for and those tensors (batch 1), in an LRU of `2 * batch_size` entri
 longest shared token prefix with any kept entry of the same adapter is reused (its own episode's entry
 in the usual case; another episode's, or an earlier row's of the same batch, for the system prompt at
 step 0), only the rest of the prompt but its last token is prefilled (batch 1, with that cache), and
-the rows' caches are left-padded with masked zeros into one batched `DynamicCache` for
-`model.generate`, which then runs the last prompt token and the decode steps for the whole batch. Afterwards each row's keys/values for its prompt and
-generated tokens are kept. Greedy replies equal the uncached path's up to floating-point ties.
+the rows' caches are left-padded with masked zeros into one `agentrig.kvcache.BufferedCache` with room
+for the replies. The policy's own decode loop then feeds every live row's newest token with its own
+position id, writes keys/values in place (no per-step copy of the cache, which dominates long-context
+decoding on a CPU) and drops each row from the batch as it finishes, keeping its keys/values for the
+episode's next step. Greedy replies equal the uncached path's (`model.generate`, everything prefilled)
+up to floating-point ties; sampling follows `generate`'s temperature and top-p rules.
 
 Not covered: prompts longer than the model's context (they are passed as is), beam search, and
 several tool calls in one turn (generation stops after the first block, as the field notes advise).
@@ -217,6 +220,31 @@ class HFPolicy:
         """Generate for one batch (one adapter active); `keys` are the rows' prefix-cache keys."""
         import torch
 
+        generator = None
+        if self.temperature > 0 and self.seed is not None:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self._calls)
+        self._calls += 1
+        with torch.inference_mode():
+            if self.prefix_cache and max(len(p) for p in prompts) > 1:
+                rows = self._decode(prompts, keys, generator)
+            else:
+                rows = self._hf_generate(prompts, generator)
+        replies = []
+        for row, prompt in zip(rows, prompts):
+            tokens, stopped = _until_stop(row, self._stop_ids | {self.tokenizer.pad_token_id})
+            text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+            cut = text.find(TOOL_CALL_CLOSE)
+            if cut >= 0:
+                text = text[: cut + len(TOOL_CALL_CLOSE)]
+            replies.append(
+                PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens) + int(stopped))
+            )
+        return replies
+
+    def _hf_generate(self, prompts: list[list[int]], generator: Any) -> list[list[int]]:
+        """The plain path: one left-padded `model.generate` call, prompts prefilled in full, nothing kept."""
+        import torch
+
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         device = next(self.model.parameters()).device
@@ -229,47 +257,97 @@ class HFPolicy:
             "eos_token_id": sorted(self._stop_ids),
             "pad_token_id": pad,
             "use_cache": True,
-            "return_dict_in_generate": True,
         }
         if self.temperature > 0:
             kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
-            if self.seed is not None:
-                torch.manual_seed(self.seed * 1_000_003 + self._calls)
+            if generator is not None:
+                torch.manual_seed(int(generator.initial_seed()))
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        self._calls += 1
-        with torch.inference_mode():
-            if self.prefix_cache and width > 1:
-                # generate sees a cache covering all but the last column and only runs that column.
-                kwargs["cache"] = self._batched_prefix(prompts, keys, width - 1)
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
-        replies = []
-        rows = out.sequences[:, width:].tolist()
-        for row, prompt in zip(rows, prompts):
-            tokens, stopped = _until_stop(row, self._stop_ids | {pad})
-            text = self.tokenizer.decode(tokens, skip_special_tokens=False)
-            cut = text.find(TOOL_CALL_CLOSE)
-            if cut >= 0:
-                text = text[: cut + len(TOOL_CALL_CLOSE)]
-            replies.append(
-                PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens) + int(stopped))
-            )
-        if self.prefix_cache and width > 1:
-            self._keep_prefixes(out.cache, prompts, rows, [r.completion_tokens for r in replies], keys, width)
-        return replies
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        return out[:, width:].tolist()
+
+    def _decode(self, prompts: list[list[int]], keys: list[tuple[str, str]], generator: Any) -> list[list[int]]:
+        """The prefix-cached path: reuse kept keys/values, decode in place, drop rows as they finish.
+
+        The rows' caches (all but each prompt's last token, see `_batched_prefix`) are left-padded into one
+        `BufferedCache` with room for the replies. Each step feeds every live row's newest token (the last
+        prompt token first) with its own position id, so padding never shifts a position. A row stops at an
+        end-of-turn/eos token, once its text holds `</tool_call>` (the harness parses one call per turn), or
+        at `max_new_tokens`; its keys/values for its prompt and the tokens fed so far are kept for its
+        episode's next step and the row leaves the batch, so the others go on at a smaller batch size.
+        """
+        import torch
+
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        cache = self._batched_prefix(prompts, keys, width - 1)
+        live = list(range(len(prompts)))
+        out: list[list[int]] = [[] for _ in prompts]
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        step_ids = torch.tensor([[p[-1]] for p in prompts], device=device)
+        positions = torch.tensor([[len(p) - 1] for p in prompts], device=device)
+        for step in range(self.max_new_tokens):
+            logits = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                                use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
+            chosen = self._next_tokens(logits, generator).tolist()
+            keep: list[int] = []
+            for b, (row, token) in enumerate(zip(live, chosen)):
+                out[row].append(token)
+                if not (token in self._stop_ids or step + 1 == self.max_new_tokens or self._closes_call(out[row])):
+                    keep.append(b)
+                    continue
+                # The cache holds this row's prompt and the tokens fed so far (not the one just chosen).
+                offset, held = width - len(prompts[row]), width + step
+                self._keep(keys[row], prompts[row] + out[row][:-1], cache, b, offset, held)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                cache.keep_rows(keep)
+                index = torch.tensor(keep, device=device)
+                mask, positions = mask.index_select(0, index), positions.index_select(0, index)
+                live = [live[b] for b in keep]
+                chosen = [chosen[b] for b in keep]
+            step_ids = torch.tensor([[t] for t in chosen], device=device)
+            positions = positions + 1
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+        while len(self._prefixes) > 2 * self.batch_size:
+            self._prefixes.popitem(last=False)
+        return out
+
+    def _next_tokens(self, logits: Any, generator: Any) -> Any:
+        """Greedy, or temperature sampling with nucleus (`top_p`) filtering, like `generate`'s sampling."""
+        import torch
+
+        if self.temperature <= 0:
+            return logits.argmax(dim=-1)
+        logits = logits / self.temperature
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(logits, descending=False)
+            cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+            drop = cumulative <= (1 - self.top_p)
+            drop[:, -1] = False  # always keep the most likely token
+            logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+    def _closes_call(self, generated: list[int]) -> bool:
+        """Whether the reply's text now holds `</tool_call>` (checked on its last few tokens)."""
+        return TOOL_CALL_CLOSE in self.tokenizer.decode(generated[-12:], skip_special_tokens=False)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def _batched_prefix(self, prompts: list[list[int]], keys: list[tuple[str, str]], length: int) -> Any:
-        """A `DynamicCache` of the rows' first `len(prompt) - 1` tokens, left-padded to `length` with zeros.
+        """A `BufferedCache` of the rows' first `len(prompt) - 1` tokens, left-padded to `length` with zeros.
 
         Each row reuses the longest prefix it shares with a kept entry, or with a row prefilled just
         before it in this batch (at step 0 the episodes share the system prompt), and prefills the rest
         at batch 1: prefill is compute-bound, so batching it gains little on a CPU, and unpadded rows keep
-        every position id equal to its index. The padded slots are masked by generate's attention mask,
-        and generate's position ids (the mask's cumulative sum) are those same unpadded positions.
+        every position id equal to its index. The padded slots are masked by the attention mask. The
+        buffers have room for `max_new_tokens` more positions.
         """
         import torch
         from transformers import DynamicCache
+
+        from agentrig.kvcache import BufferedCache
 
         device = next(self.model.parameters()).device
         rows: list[list[tuple[Any, Any]]] = []
@@ -284,18 +362,20 @@ class HFPolicy:
                 kv = [(layer.keys, layer.values) for layer in cache.layers]
                 this_batch.append(_Prefix(prompt[:need], kv))
             rows.append(kv)
+        capacity = length + self.max_new_tokens + 1
         layers = []
-        for layer in range(len(rows[0])):
-            k0, v0 = rows[0][layer]
-            keys_t = k0.new_zeros((len(rows), k0.shape[1], length, k0.shape[3]))
-            values_t = v0.new_zeros((len(rows), v0.shape[1], length, v0.shape[3]))
+        ref = next(kv for kv in rows if kv)  # a row with at least one cached token (width > 1 ensures one)
+        for layer in range(len(ref)):
+            k0, v0 = ref[layer]
+            keys_t = k0.new_zeros((len(rows), k0.shape[1], capacity, k0.shape[3]))
+            values_t = v0.new_zeros((len(rows), v0.shape[1], capacity, v0.shape[3]))
             for b, kv in enumerate(rows):
                 n = kv[layer][0].shape[2]
                 if n:
-                    keys_t[b, :, length - n :] = kv[layer][0][0]
-                    values_t[b, :, length - n :] = kv[layer][1][0]
+                    keys_t[b, :, length - n : length] = kv[layer][0][0]
+                    values_t[b, :, length - n : length] = kv[layer][1][0]
             layers.append((keys_t, values_t))
-        return DynamicCache(ddp_cache_data=layers)
+        return BufferedCache(layers, length)
 
     def _lookup(
         self, prompt: list[int], key: tuple[str, str], limit: int, this_batch: list[_Prefix]
@@ -320,33 +400,14 @@ class HFPolicy:
             return 0, []
         return best_n, [(k[:, :, :best_n], v[:, :, :best_n]) for k, v in best.kv]
 
-    def _keep_prefixes(
-        self,
-        cache: Any,
-        prompts: list[list[int]],
-        rows: list[list[int]],
-        completions: list[int],
-        keys: list[tuple[str, str]],
-        width: int,
-    ) -> None:
-        """Keep each row's keys/values for its prompt and generated tokens, unpadded, as its episode's entry.
-
-        The cache lacks the last generated token (never fed back), and tokens generated after a row
-        stopped are padding, so a row keeps `prompt + generated[:completion_tokens]` cut to what the cache
-        holds."""
-        held = cache.get_seq_length()
-        for b, (prompt, row, n_gen, key) in enumerate(zip(prompts, rows, completions, keys)):
-            offset = width - len(prompt)
-            ids = (prompt + row[:n_gen])[: held - offset]
-            kv = [
-                (layer.keys[b : b + 1, :, offset : offset + len(ids)].clone(),
-                 layer.values[b : b + 1, :, offset : offset + len(ids)].clone())
-                for layer in cache.layers
-            ]
-            self._prefixes.pop(key, None)
-            self._prefixes[key] = _Prefix(ids, kv)
-        while len(self._prefixes) > 2 * self.batch_size:
-            self._prefixes.popitem(last=False)
+    def _keep(self, key: tuple[str, str], ids: list[int], cache: Any, row: int, offset: int, held: int) -> None:
+        """Keep one row's keys/values (cache columns `offset:held`, the positions of `ids`) as its episode's entry."""
+        kv = [
+            (layer.key_buffer[row : row + 1, :, offset:held].clone(), layer.value_buffer[row : row + 1, :, offset:held].clone())
+            for layer in cache.layers
+        ]
+        self._prefixes.pop(key, None)
+        self._prefixes[key] = _Prefix(ids, kv)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
