@@ -262,3 +262,33 @@ def test_prefix_cache_with_sampling_is_reproducible(smol_tokenizer) -> None:
     first = sample(7)
     assert first == sample(7)
     assert first != sample(8)
+
+
+def test_prefix_cache_rows_that_stop_early_leave_the_batch(smol_tokenizer) -> None:
+    """Rows that hit a stop token at different steps: the cached loop drops them and still gives `generate`'s replies."""
+    from agentrig.hf_policy import HFPolicy
+
+    model = _talkative_model(smol_tokenizer)
+    prompts = ["hi", "what is the stock level of SKU A-17 in the north warehouse?", "list orders"]
+    plain = HFPolicy(model, smol_tokenizer, max_new_tokens=8, prefix_cache=False)
+    free = plain.generate_batch([_request(p) for p in prompts])
+    # Make the 3rd token of the first reply and the 5th of the second stop tokens, for both paths.
+    first, second = (smol_tokenizer(r.text, add_special_tokens=False)["input_ids"] for r in free[:2])
+    stops = {first[2], second[4]}
+    cached = HFPolicy(model, smol_tokenizer, max_new_tokens=8)
+    for policy in (plain, cached):
+        policy._stop_ids |= stops
+    expected = _episodes(plain, prompts, 2)
+    assert _episodes(cached, prompts, 2) == expected
+    lengths = [len(t) for t in expected[0]]
+    assert len(set(lengths)) > 1, "rows should stop at different steps"
+
+
+def test_sampling_with_a_tiny_top_p_is_greedy(smol_tokenizer) -> None:
+    from agentrig.hf_policy import HFPolicy
+
+    model = _talkative_model(smol_tokenizer)
+    prompts = ["hi", "list orders"]
+    greedy = _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=6), prompts, 2)
+    nucleus = HFPolicy(model, smol_tokenizer, max_new_tokens=6, temperature=1.5, top_p=1e-6, seed=3)
+    assert _episodes(nucleus, prompts, 2) == greedy
