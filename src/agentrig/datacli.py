@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrig.errors import DataError
+from agentrig.jsonl import read_jsonl
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -58,24 +59,13 @@ def _build(args: argparse.Namespace) -> int:
     print(f"kept {report.kept}, dropped {report.dropped}, skipped lines {report.lines_skipped}, "
           f"windowed {report.episodes_windowed}, calls normalized {report.calls_normalized}")
     if args.formats:
-        samples = [Sample.from_dict(row) for row in _read_jsonl(Path(args.out) / "samples.jsonl")]
+        samples = [Sample.from_dict(row) for row in read_jsonl(Path(args.out) / "samples.jsonl")]
         for fmt in args.formats:
             er = export_samples(samples, fmt, Path(args.out) / "exports" / fmt, model=args.model,
                                 max_seq_length=args.max_seq_length or 4096)
             print(f"export {fmt}: {er.samples} samples, {er.changed} changed {er.changes or ''}, "
                   f"{er.weight0_trained} with detour turns the format cannot mask -> {er.out_dir}")
     return 0
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON: {exc}") from None
-    return rows
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -93,7 +83,7 @@ def _inspect(args: argparse.Namespace) -> int:
     card = json.loads(card_path.read_text()) if card_path.is_file() else {}
     tokenizer = load_tokenizer(card.get("model", "smollm2-135m"))
     console = Console()
-    rows = _read_jsonl(tokenized)
+    rows = read_jsonl(tokenized)
     for row in rows[: args.n]:
         console.rule(f"sample {row['sample_id']}")
         text = Text()

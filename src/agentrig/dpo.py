@@ -17,7 +17,6 @@ are never inside the scored completion. The loss is the sigmoid DPO loss,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,15 +48,11 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[PreferencePair]:
         path = path / "pairs.jsonl"
     if not path.is_file():
         raise ConfigError(f"DPO dataset {str(path)!r} does not exist (a pairs .jsonl or a folder with pairs.jsonl)")
+    from agentrig.jsonl import iter_jsonl
+
     renderer = None
     pairs = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+    for lineno, row in iter_jsonl(path):
         pair_id = str(row.get("pair_id", row.get("id", lineno)))
         if "prompt_ids" in row:
             pairs.append(PreferencePair(pair_id, *(_int_list(row.get(k), path, lineno, k)

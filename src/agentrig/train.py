@@ -78,14 +78,10 @@ def resolve_dataset(dataset: str) -> tuple[str, Path]:
 def load_tokenized(path: str | Path) -> list[TokenizedSample]:
     """Read `tokenized.jsonl` (`{"sample_id", "input_ids", "labels"}` per line), validating every line."""
     path = Path(path)
+    from agentrig.jsonl import iter_jsonl
+
     samples = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+    for lineno, row in iter_jsonl(path):
         ids, labels = row.get("input_ids"), row.get("labels")
         if not isinstance(ids, list) or not ids or not isinstance(labels, list) or len(labels) != len(ids):
             raise DataError(f"{path}:{lineno}: needs non-empty input_ids and labels of the same length")

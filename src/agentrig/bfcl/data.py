@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrig.errors import AgentrigError, DataError
+from agentrig.jsonl import read_jsonl
 
 # The categories `agentrig bench bfcl` runs, in report order, with BFCL's entry counts.
 CATEGORIES: tuple[str, ...] = (
@@ -83,23 +83,6 @@ def data_dir() -> Path:
     if not folder.is_dir():
         raise BfclNotInstalled(f"`bfcl-eval` is installed but has no data folder at {folder}; reinstall it: {INSTALL_HINT}")
     return folder
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines file of objects; a malformed line raises DataError naming file and line."""
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object")
-            rows.append(row)
-    return rows
 
 
 def _multi_turn_functions(folder: Path, classes: list[str], entry_id: str) -> list[dict[str, Any]]:
