@@ -257,6 +257,7 @@ class HFPolicy:
             "eos_token_id": sorted(self._stop_ids),
             "pad_token_id": pad,
             "use_cache": True,
+            "return_dict_in_generate": False,
         }
         if self.temperature > 0:
             kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
