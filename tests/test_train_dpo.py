@@ -77,6 +77,26 @@ def test_dpo_margin_grows_and_reference_is_the_sft_adapter(tmp_path, tiny_model_
     assert sum(losses[-3:]) < sum(losses[:3])
 
 
+def test_dpo_scores_only_the_pairs_the_run_uses(tmp_path, tiny_model_dir, sft_adapter, monkeypatch):
+    from agentrig.train import pairs_for_run, run_train
+
+    pairs = synthetic_pairs(10)
+    data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    config = tiny_config(tiny_model_dir, data, tmp_path / "dpo", stage="dpo", adapter_name_or_path=str(sft_adapter),
+                         max_steps=2, save_steps=2)  # 2 steps x 2 pairs: 4 of the 10 pairs are ever used
+    chosen = pairs_for_run(list(range(10)), config)
+    assert len(chosen) == 4 and chosen == sorted(set(chosen))
+    assert pairs_for_run(list(range(10)), config) == chosen  # seeded: a resumed run gets the same pairs
+    monkeypatch.setenv("WORLD_SIZE", "2")  # two processes consume twice as many
+    assert len(pairs_for_run(list(range(10)), config)) == 8
+    monkeypatch.delenv("WORLD_SIZE")
+    assert pairs_for_run(list(range(10)), tiny_config(tiny_model_dir, data, tmp_path / "x", max_steps=5)) == list(range(10))
+
+    run_train(config)
+    stored = [json.loads(line)["pair_id"] for line in (tmp_path / "dpo" / "reference_logps.jsonl").read_text().splitlines()]
+    assert stored == [pairs[i]["pair_id"] for i in chosen]
+
+
 def test_dpo_needs_the_sft_adapter(tmp_path, tiny_model_dir):
     from agentrig.errors import ConfigError
     from agentrig.train import run_train

@@ -231,6 +231,8 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     if kind != "pairs":
         raise ConfigError(f"stage dpo needs preference pairs; {path} looks like {kind} data")
     pairs = load_pairs(path, tokenizer)
+    available = len(pairs)
+    pairs = pairs_for_run(pairs, config)
     model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
     _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs), model, config.dataset)
     # The reference: the SFT adapter exactly as loaded, before any update (a frozen copy by construction).
@@ -244,7 +246,28 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
         model=model, args=TrainingArguments(**_training_kwargs(config, checkpoints)),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
         data_collator=PairCollator(tokenizer.pad_token_id, config.max_seq_length), beta=config.pref_beta, meter=meter)
-    return trainer, {"pairs": len(pairs)}
+    return trainer, {"pairs": len(pairs), "pairs_available": available}
+
+
+def pairs_for_run(pairs: list[Any], config: TrainConfig) -> list[Any]:
+    """The pairs a DPO run with `max_steps` will see: a seeded sample of steps x batch x accumulation x processes.
+
+    Without this, a pair file much larger than the run (the main job builds ~2,800 pairs for 24 steps of 2)
+    would have every pair's reference log-probs computed before the first step, hours on a CPU, for pairs
+    never trained on. The sample depends only on the seed, so a resumed run gets the same pairs (and the
+    same references). `max_steps` unset, or a run that covers the whole file: every pair, in file order.
+    """
+    import os
+    import random
+
+    if not config.max_steps:
+        return pairs
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    need = config.max_steps * config.per_device_train_batch_size * config.gradient_accumulation_steps * world
+    if need >= len(pairs):
+        return pairs
+    keep = sorted(random.Random(config.seed).sample(range(len(pairs)), need))
+    return [pairs[i] for i in keep]
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
