@@ -5,7 +5,8 @@ the KL tie pulls the policy back towards the untrained model. Here the reference
 itself: its log-probabilities of every chosen and rejected completion are computed once, before the
 first update, with the adapter exactly as SFT saved it (eval mode, no grad). That is a frozen copy by
 construction, and it halves the forward passes per step. A resumed run recomputes them from the same
-SFT adapter, so they do not depend on the checkpoint.
+SFT adapter, so they do not depend on the checkpoint. A run with `max_steps` scores only the pairs it
+will train on (`agentrig.train.pairs_for_run`).
 
 Pairs come in two forms, one a line: TRL's `{"prompt": [messages], "chosen": [assistant message],
 "rejected": [assistant message], "tools": "JSON string"}` (rendered through `agentrig.render.Renderer`,
