@@ -1,9 +1,11 @@
 """Rollout throughput: episodes per minute with batched, prefix-cached generation vs one episode at a time.
 
 Same test tasks, same model, same harness, greedy decoding, fresh tool state per episode in every mode:
-(a) `run_episodes(..., batch_size=B)` with `HFPolicy.generate_batch` and the prefix cache on (one
-`model.generate` per round for all live episodes, each reusing its earlier steps' keys/values),
-(b) `run_episode` for each task in turn with the plain path (prefix cache off, batch size 1).
+(a) `run_episodes(..., batch_size=B)` with `HFPolicy.generate_batch` and the prefix cache on (each
+round decodes all live episodes together in the policy's own loop over a preallocated KV cache, each
+reusing its earlier steps' keys/values; finished rows leave the batch),
+(b) `run_episode` for each task in turn with the plain path (prefix cache off, batch size 1: one
+`model.generate` per step, the whole prompt prefilled).
 Prints both figures, the ratio (target >= 4x) and whether both produced the same transcripts (they
 should, up to floating-point ties). `--cache-off-batched` adds (c): (a) with the prefix cache off, so
 (c)/(a) is what the cache alone buys at the same batch size.

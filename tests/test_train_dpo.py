@@ -97,6 +97,26 @@ def test_dpo_scores_only_the_pairs_the_run_uses(tmp_path, tiny_model_dir, sft_ad
     assert stored == [pairs[i]["pair_id"] for i in chosen]
 
 
+def test_pref_ftx_adds_the_chosen_nll_and_raises_chosen_logps(tmp_path, tiny_model_dir, sft_adapter):
+    from agentrig.errors import ConfigError
+    from agentrig.train import run_train
+
+    pairs = synthetic_pairs(6)
+    data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    config = tiny_config(tiny_model_dir, data, tmp_path / "dpo", stage="dpo", adapter_name_or_path=str(sft_adapter),
+                         max_steps=6, save_steps=6, learning_rate=1e-2, pref_beta=0.5, pref_ftx=1.0)
+    result = run_train(config)
+    logged = [h["chosen_nll"] for h in result.loss_history]
+    assert len(logged) == 6 and logged[-1] < logged[0]
+    # The NLL term is in the loss: at step 1 (policy == reference, DPO term log 2) loss = log 2 + chosen NLL.
+    assert result.loss_history[0]["loss"] == pytest.approx(0.6931 + logged[0], abs=2e-3)
+    before = _logps(tiny_model_dir, sft_adapter, pairs)
+    after = _logps(tiny_model_dir, Path(result.adapter_dir), pairs)
+    assert sum(c for c, _ in after) > sum(c for c, _ in before)
+    with pytest.raises(ConfigError, match="pref_ftx"):
+        tiny_config(tiny_model_dir, data, tmp_path / "x", pref_ftx=-1.0)
+
+
 def test_dpo_needs_the_sft_adapter(tmp_path, tiny_model_dir):
     from agentrig.errors import ConfigError
     from agentrig.train import run_train

@@ -13,7 +13,10 @@ Pairs come in two forms, one a line: TRL's `{"prompt": [messages], "chosen": [as
 the renderer used for inference), or already tokenized `{"prompt_ids", "chosen_ids", "rejected_ids"}`.
 The completion of a pair is a single assistant step (the shared prefix is the prompt), so tool results
 are never inside the scored completion. The loss is the sigmoid DPO loss,
--log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))), over summed completion log-probabilities.
+-log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))), over summed completion log-probabilities, plus
+`pref_ftx` times the chosen completion's NLL per token when set (LLaMA-Factory's `pref_ftx`, TRL's
+`rpo_alpha`): plain DPO only rewards the gap, so it can lower tokens both sides share, such as
+`</tool_call>` and the end-of-turn token, and the model stops closing its calls.
 """
 
 from __future__ import annotations
@@ -120,13 +123,13 @@ class PairCollator:
 
 
 def pair_logps(model: Any, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """(chosen, rejected) summed completion log-probs, and the number of supervised tokens."""
+    """(chosen, rejected) summed completion log-probs, and each row's supervised token count (chosen rows first)."""
     from agentrig.lmloss import sequence_logps
 
     out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], supervised_labels=batch["labels"])
     seq = sequence_logps(out["token_logps"], out["mask"])
     half = seq.shape[0] // 2
-    return seq[:half], seq[half:], out["mask"].sum()
+    return seq[:half], seq[half:], out["mask"].sum(dim=-1)
 
 
 def compute_logps(model: Any, pairs: list[PreferencePair], max_len: int, pad_id: int,
@@ -175,18 +178,25 @@ def dpo_trainer_class() -> type:
     class DPOLoop(Trainer):
         """Trainer with the DPO loss; tokens go into `self.meter`, metrics into the log."""
 
-        def __init__(self, *args: Any, beta: float, meter: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, beta: float, meter: Any, ftx: float = 0.0, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.beta = beta
+            self.ftx = ftx
             self.meter = meter
             self._dpo_metrics: dict[str, list[float]] = {}
 
         def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                          num_items_in_batch: Any = None) -> Any:
-            chosen, rejected, n_supervised = pair_logps(model, inputs)
+            chosen, rejected, lengths = pair_logps(model, inputs)
             loss, metrics = dpo_loss(chosen, rejected, inputs["ref_chosen"], inputs["ref_rejected"], self.beta)
+            if self.ftx > 0:
+                # NLL per token of the chosen completions: keeps what chosen replies share (the call format,
+                # the end-of-turn token) from drifting down with the rejected ones.
+                nll = -(chosen / lengths[: chosen.shape[0]].clamp(min=1)).mean()
+                loss = loss + self.ftx * nll
+                metrics["chosen_nll"] = nll.detach()
             if model.training:
-                self.meter.add(int(inputs["num_tokens"]), int(n_supervised))
+                self.meter.add(int(inputs["num_tokens"]), int(lengths.sum()))
                 for key, value in metrics.items():
                     self._dpo_metrics.setdefault(key, []).append(float(value))
             return (loss, {"chosen": chosen, "rejected": rejected}) if return_outputs else loss

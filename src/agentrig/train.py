@@ -245,7 +245,7 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     trainer = dpo_trainer_class()(
         model=model, args=TrainingArguments(**_training_kwargs(config, checkpoints)),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        data_collator=PairCollator(tokenizer.pad_token_id, config.max_seq_length), beta=config.pref_beta, meter=meter)
+        data_collator=PairCollator(tokenizer.pad_token_id, config.max_seq_length), beta=config.pref_beta, ftx=config.pref_ftx, meter=meter)
     return trainer, {"pairs": len(pairs), "pairs_available": available}
 
 

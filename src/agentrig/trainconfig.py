@@ -62,6 +62,9 @@ class TrainConfig:
     adapter_name_or_path: str | None = field(default=None, metadata=_help(
         "stage dpo: the SFT adapter to start from, also the frozen reference"))
     pref_beta: float = field(default=0.1, metadata=_help("DPO beta (strength of the KL tie to the reference)"))
+    pref_ftx: float = field(default=0.0, metadata=_help(
+        "DPO: weight of an NLL term on the chosen completion (per token), which keeps the format the chosen "
+        "replies share (LLaMA-Factory's pref_ftx, TRL's rpo_alpha)"))
 
     def target_modules(self) -> str | list[str]:
         """PEFT's `target_modules`: a list of names, or `all-linear` for `all`."""
@@ -136,6 +139,8 @@ def _validate(config: TrainConfig) -> None:
         raise ConfigError(f"lora_dropout must be in [0, 1), got {config.lora_dropout}")
     if config.learning_rate <= 0 or config.num_train_epochs <= 0 or config.pref_beta <= 0:
         raise ConfigError("learning_rate, num_train_epochs and pref_beta must be positive")
+    if config.pref_ftx < 0:
+        raise ConfigError(f"pref_ftx must be >= 0 (0 = plain DPO), got {config.pref_ftx}")
     if not config.target_modules():
         raise ConfigError("lora_target is empty: name the modules (q_proj,v_proj,...) or use `all`")
 

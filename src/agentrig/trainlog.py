@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-CURVE_KEYS = ("loss", "learning_rate", "epoch", "grad_norm", "margin", "reward_margin", "accuracy")
+CURVE_KEYS = ("loss", "learning_rate", "epoch", "grad_norm", "margin", "reward_margin", "accuracy", "chosen_nll")
 
 
 @dataclass
