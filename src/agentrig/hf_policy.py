@@ -363,20 +363,7 @@ class HFPolicy:
                 kv = [(layer.keys, layer.values) for layer in cache.layers]
                 this_batch.append(_Prefix(prompt[:need], kv))
             rows.append(kv)
-        capacity = length + self.max_new_tokens + 1
-        layers = []
-        ref = next(kv for kv in rows if kv)  # a row with at least one cached token (width > 1 ensures one)
-        for layer in range(len(ref)):
-            k0, v0 = ref[layer]
-            keys_t = k0.new_zeros((len(rows), k0.shape[1], capacity, k0.shape[3]))
-            values_t = v0.new_zeros((len(rows), v0.shape[1], capacity, v0.shape[3]))
-            for b, kv in enumerate(rows):
-                n = kv[layer][0].shape[2]
-                if n:
-                    keys_t[b, :, length - n : length] = kv[layer][0][0]
-                    values_t[b, :, length - n : length] = kv[layer][1][0]
-            layers.append((keys_t, values_t))
-        return BufferedCache(layers, length)
+        return BufferedCache.left_padded(rows, length, capacity=length + self.max_new_tokens + 1)
 
     def _lookup(
         self, prompt: list[int], key: tuple[str, str], limit: int, this_batch: list[_Prefix]

@@ -94,6 +94,25 @@ class BufferedCache(DynamicCache):
     def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
         Cache.__init__(self, layers=[BufferedLayer(k, v, length) for k, v in layers])
 
+    @classmethod
+    def left_padded(cls, rows: list[list[tuple[torch.Tensor, torch.Tensor]]], length: int, capacity: int) -> "BufferedCache":
+        """One cache from per-row caches (per layer `(keys, values)` of shape `[1, kv_heads, n_row, head_dim]`,
+        or `[]` for a row with nothing cached), each right-aligned at `length` with zeros to its left (masked
+        by the caller's attention mask), with room for `capacity` positions."""
+        ref = next(kv for kv in rows if kv)
+        layers = []
+        for layer in range(len(ref)):
+            k0, v0 = ref[layer]
+            keys = k0.new_zeros((len(rows), k0.shape[1], capacity, k0.shape[3]))
+            values = v0.new_zeros((len(rows), v0.shape[1], capacity, v0.shape[3]))
+            for b, kv in enumerate(rows):
+                n = kv[layer][0].shape[2] if kv else 0
+                if n:
+                    keys[b, :, length - n : length] = kv[layer][0][0]
+                    values[b, :, length - n : length] = kv[layer][1][0]
+            layers.append((keys, values))
+        return cls(layers, length)
+
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these batch rows, in this order (rows that finished generating are dropped)."""
         index = torch.tensor(rows, device=self.layers[0].key_buffer.device)
