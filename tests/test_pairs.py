@@ -8,7 +8,7 @@ from test_databuild_episodes import SUCCESS, call, make_episode, recovered_episo
 from test_exports import llamafactory_accepts
 
 from agentrig.harness import PolicyReply, assistant_message, context_at
-from agentrig.pairs import GIVE_UP_TEXT, build_pairs, episode_pairs, synthetic_pairs
+from agentrig.pairs import GIVE_UP_TEXT, Pair, build_pairs, episode_pairs, mix_pairs, synthetic_pairs
 from agentrig.render import Renderer
 
 
@@ -52,6 +52,26 @@ def test_synthetic_pairs_from_chosen_steps():
     assert gave_up.prompt == context_at(ep, 1) and gave_up.prompt[-1]["role"] == "tool"  # right after the fault
     mistyped = {p.kind: p for p in synthetic_pairs(make_episode([call("reorder", sku="A-1", qty=5), "ok"], task_id="m"))}
     assert json.loads(mistyped["bad_argument"].rejected["tool_calls"][0]["function"]["arguments"]) == {"sku": 0, "qty": 5}
+
+
+def _fake_pairs(counts: dict[str, int]) -> list[Pair]:
+    msg = {"role": "assistant", "content": "x"}
+    return [Pair(f"{kind}-{i}", kind, [], msg, msg, "[]") for kind, n in counts.items() for i in range(n)]
+
+
+def test_mix_pairs_puts_the_policys_own_pairs_first_then_synthetic_kinds_in_turn():
+    pairs = _fake_pairs({"wrong_tool": 40, "episodes": 5, "bad_argument": 40, "invented_result": 3, "gave_up": 40})
+    mixed = mix_pairs(pairs, 20, seed=0)
+    kinds = [p.kind for p in mixed]
+    assert len(mixed) == 20 and kinds.count("episodes") == 5  # every on-policy pair
+    # 15 synthetic: 4 rounds over the kinds, invented_result runs out at 3
+    assert {k: kinds.count(k) for k in ("wrong_tool", "bad_argument", "invented_result", "gave_up")} == {
+        "wrong_tool": 4, "bad_argument": 4, "invented_result": 3, "gave_up": 4}
+    assert [pairs.index(p) for p in mixed] == sorted(pairs.index(p) for p in mixed)  # file order kept
+    assert mixed == mix_pairs(pairs, 20, seed=0) and mixed != mix_pairs(pairs, 20, seed=1)  # seeded
+    # more on-policy pairs than the round needs: a sample of them, nothing synthetic
+    assert {p.kind for p in mix_pairs(pairs, 3, seed=0)} == {"episodes"}
+    assert len(mix_pairs(pairs, 1000)) == len(pairs)  # a round larger than the file takes everything
 
 
 def test_pairs_render_with_the_renderer_and_export_to_llamafactory(smol_tokenizer):

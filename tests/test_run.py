@@ -41,6 +41,10 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").is_file()
     assert (out / "dpo" / "adapter" / "adapter_model.safetensors").is_file()
+    pairs = done["pairs"]  # the round's mix: dpo_steps x batch pairs, the rollouts' own first
+    used = (out / "dpo_pairs.jsonl").read_text().splitlines()
+    assert pairs["used"] == len(used) == min(pairs["pairs"], 2) and sum(pairs["used_kinds"].values()) == len(used)
+    assert len((out / "dpo_pairs_all.jsonl").read_text().splitlines()) == pairs["pairs"]
     metrics = json.loads((out / "eval" / "metrics.json").read_text())["results"]
     assert set(metrics) == {"base", "sft"}
     assert set(json.loads((out / "eval_dpo" / "metrics.json").read_text())["results"]) == {"sft+dpo"}

@@ -32,7 +32,7 @@ def sft_adapter(tmp_path_factory, tiny_model_dir) -> Path:
     return Path(run_train(tiny_config(tiny_model_dir, data, tmp / "run", max_steps=4, save_steps=4)).adapter_dir)
 
 
-def _logps(model_dir: Path, adapter: Path | None, pairs: list[dict]) -> list[tuple[float, float]]:
+def _logps(model_dir: Path, adapter: Path | None, pairs: list[dict], **kwargs) -> list[tuple[float, float]]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -43,7 +43,14 @@ def _logps(model_dir: Path, adapter: Path | None, pairs: list[dict]) -> list[tup
     if adapter is not None:
         model = PeftModel.from_pretrained(model, str(adapter))
     items = [PreferencePair(p["pair_id"], p["prompt_ids"], p["chosen_ids"], p["rejected_ids"]) for p in pairs]
-    return compute_logps(model, items, max_len=128, pad_id=2)
+    return compute_logps(model, items, max_len=128, pad_id=2, **kwargs)
+
+
+def test_reference_pass_reports_progress_per_batch_without_changing_the_logps(tiny_model_dir, sft_adapter):
+    pairs = synthetic_pairs(6)
+    seen: list[int] = []
+    assert _logps(tiny_model_dir, sft_adapter, pairs, on_batch=seen.append) == _logps(tiny_model_dir, sft_adapter, pairs)
+    assert seen == [4, 2]  # batches of 4 pairs: the bar reaches 6 of 6
 
 
 def test_dpo_margin_grows_and_reference_is_the_sft_adapter(tmp_path, tiny_model_dir, sft_adapter):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from agentrig.errors import ConfigError, DataError
 from agentrig.packing import IGNORE
@@ -132,9 +132,10 @@ def pair_logps(model: Any, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
     return seq[:half], seq[half:], out["mask"].sum(dim=-1)
 
 
-def compute_logps(model: Any, pairs: list[PreferencePair], max_len: int, pad_id: int,
-                  batch_size: int = 4) -> list[tuple[float, float]]:
-    """(chosen, rejected) log-probs of every pair under `model` as it is now (eval mode, no grad)."""
+def compute_logps(model: Any, pairs: list[PreferencePair], max_len: int, pad_id: int, batch_size: int = 4,
+                  on_batch: Callable[[int], None] | None = None) -> list[tuple[float, float]]:
+    """(chosen, rejected) log-probs of every pair under `model` as it is now (eval mode, no grad);
+    `on_batch(n)` is told after each batch of n pairs (a progress bar)."""
     import torch
 
     collator = PairCollator(pad_id, max_len)
@@ -149,6 +150,8 @@ def compute_logps(model: Any, pairs: list[PreferencePair], max_len: int, pad_id:
             batch = {k: v.to(device) for k, v in collator(chunk).items()}
             chosen, rejected, _ = pair_logps(model, batch)
             out += list(zip(chosen.float().tolist(), rejected.float().tolist()))
+            if on_batch is not None:
+                on_batch(len(chunk))
     model.train(was_training)
     return out
 

@@ -163,3 +163,28 @@ def build_pairs(episodes: list[Episode], synthetic: bool = True) -> tuple[list[P
     for p in pairs:
         kinds[p.kind] += 1
     return pairs, {"pairs": len(pairs), "kinds": dict(kinds), "skipped_groups": skipped}
+
+
+def mix_pairs(pairs: list[Pair], total: int, seed: int = 0) -> list[Pair]:
+    """At most `total` pairs for one DPO round: episode pairs first, synthetic pairs after, kinds in turn.
+
+    Episode pairs hold the policy's own sampled mistakes (the rejected side is a step of its rollout), which
+    is what an on-policy DPO round is for; synthetic pairs only fill what is left, one kind after another so
+    no single hand-made defect dominates. A uniform sample would not do: the main job builds ~30 episode
+    pairs beside ~2,700 synthetic ones, so a round of 48 would hold almost none of the policy's own steps,
+    and its adapter learned to stop closing tool calls (docs/training.md). Seeded; the order is the file's.
+    """
+    import random
+
+    rng = random.Random(seed)
+    order = {id(p): i for i, p in enumerate(pairs)}
+    own = [p for p in pairs if p.kind == "episodes"]
+    if len(own) >= total:
+        return sorted(rng.sample(own, total), key=lambda p: order[id(p)])
+    queues = {k: rng.sample(q, len(q)) for k in SYNTHETIC_KINDS if (q := [p for p in pairs if p.kind == k])}
+    picked = list(own)
+    while len(picked) < total and any(queues.values()):
+        for queue in queues.values():
+            if queue and len(picked) < total:
+                picked.append(queue.pop())
+    return sorted(picked, key=lambda p: order[id(p)])

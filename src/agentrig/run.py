@@ -165,17 +165,30 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     return results
 
 
-def _pairs(root: Path, episode_files: list[str]) -> dict[str, Any]:
-    from agentrig.pairs import build_pairs
+def _pairs(root: Path, episode_files: list[str], total: int, seed: int) -> dict[str, Any]:
+    """Every pair to `dpo_pairs_all.jsonl`; the round's mix (`pairs.mix_pairs`: the policy's own first) to `dpo_pairs.jsonl`."""
+    from agentrig.pairs import build_pairs, mix_pairs
     from agentrig.trajectory import read_episodes
 
     episodes = [ep for f in episode_files for ep in read_episodes(f)]
     pairs, summary = build_pairs(episodes, synthetic=True)
-    out = root / "dpo_pairs.jsonl"
-    with open(out, "w", encoding="utf-8") as fh:
-        for pair in pairs:
-            fh.write(json.dumps(pair.trl(), ensure_ascii=False) + "\n")
-    return {"pairs_file": str(out), **summary}
+    used = mix_pairs(pairs, total, seed)
+    for name, rows in (("dpo_pairs_all.jsonl", pairs), ("dpo_pairs.jsonl", used)):
+        with open(root / name, "w", encoding="utf-8") as fh:
+            for pair in rows:
+                fh.write(json.dumps(pair.trl(), ensure_ascii=False) + "\n")
+    used_kinds: dict[str, int] = {}
+    for pair in used:
+        used_kinds[pair.kind] = used_kinds.get(pair.kind, 0) + 1
+    return {"pairs_file": str(root / "dpo_pairs.jsonl"), "all_pairs_file": str(root / "dpo_pairs_all.jsonl"),
+            **summary, "used": len(used), "used_kinds": used_kinds}
+
+
+def _used_pairs(pairs: dict[str, Any]) -> str:
+    if "used" not in pairs:  # a run folder from before mix_pairs
+        return f"{pairs['pairs']} pairs"
+    kinds = ", ".join(f"{n} {k}" for k, n in pairs["used_kinds"].items())
+    return f"{pairs['used']} of {pairs['pairs']} pairs ({kinds})"
 
 
 def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[str, Any]], total_s: float) -> dict[str, Any]:
@@ -194,7 +207,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
     notes = [
         f"profile {prof.name}: {stages['collect']['episodes']} teacher episodes (fault rate {prof.faults}), "
         f"{stages['data']['samples']} samples, SFT {stages['sft']['steps']} steps"
-        + (f", DPO {stages['dpo']['steps']} steps on {stages['pairs']['pairs']} pairs" if "dpo" in stages else ""),
+        + (f", DPO {stages['dpo']['steps']} steps on {_used_pairs(stages['pairs'])}" if "dpo" in stages else ""),
         f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split, greedy, "
         f"injected tool-fault rate {prof.eval_faults}",
         f"stage times: {times}; total {_mmss(total_s)}",
@@ -236,7 +249,8 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         rollouts = stage("rollouts", "sample the SFT adapter's own rollouts", lambda: _collect(
             cfg, prof, root, teacher="model", episodes=prof.rollout_episodes, name="rollouts", model=cfg.model,
             adapter=sft["adapter"], temperature=0.8, max_new_tokens=prof.eval_max_new_tokens))
-        pairs = stage("pairs", "preference pairs", lambda: _pairs(root, [rollouts["episodes_file"], collect["episodes_file"]]))
+        pairs = stage("pairs", "preference pairs", lambda: _pairs(
+            root, [rollouts["episodes_file"], collect["episodes_file"]], prof.dpo_steps * prof.batch_size, cfg.seed))
         dpo = stage("dpo", "DPO on the SFT adapter", lambda: _train(
             cfg, prof, root, "dpo", pairs["pairs_file"], prof.dpo_steps, adapter=sft["adapter"]))
         stage("eval_dpo", "evaluate SFT+DPO",

@@ -222,6 +222,7 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from transformers import TrainingArguments
 
     from agentrig.dpo import PairCollator, compute_logps, dpo_trainer_class, load_pairs
+    from agentrig.trainlog import progress_bar
 
     if not config.adapter_name_or_path:
         raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
@@ -236,7 +237,8 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
     _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs), model, config.dataset)
     # The reference: the SFT adapter exactly as loaded, before any update (a frozen copy by construction).
-    reference = compute_logps(model, pairs, config.max_seq_length, tokenizer.pad_token_id)
+    with progress_bar(f"dpo reference log-probs of {len(pairs)} pairs", len(pairs)) as advance:
+        reference = compute_logps(model, pairs, config.max_seq_length, tokenizer.pad_token_id, on_batch=advance)
     with (output_dir / "reference_logps.jsonl").open("w") as fh:
         for pair, (chosen, rejected) in zip(pairs, reference):
             fh.write(json.dumps({"pair_id": pair.pair_id, "chosen": chosen, "rejected": rejected}) + "\n")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,18 @@ class ProgressCallback(TrainerCallback):
             self.on_step_end(args, state, control)
             self.progress.stop()
             self.progress = None
+
+
+@contextmanager
+def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar with ETA on stderr for work outside `Trainer` (DPO's reference pass); yields `advance(n)`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
+                  TimeRemainingColumn(), console=Console(stderr=True)) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n: progress.advance(task, n)
 
 
 def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
