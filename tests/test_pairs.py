@@ -103,3 +103,9 @@ def test_cli_pairs(tmp_path, capsys):
     assert main(["data", "pairs", "--in", str(src), "--out", str(tmp_path / "lf" / "p.jsonl"), "--format", "llamafactory"]) == 0
     info = json.loads((tmp_path / "lf" / "dataset_info.json").read_text())
     assert info["agentrig_agent_pairs"]["ranking"] is True
+    # --limit: the main job's mix, the real-episode pair first
+    assert main(["data", "pairs", "--in", str(src), "--out", str(tmp_path / "one.jsonl"), "--limit", "2"]) == 0
+    kinds = [json.loads(line)["kind"] for line in open(tmp_path / "one.jsonl")]
+    assert len(kinds) == 2 and kinds.count("episodes") == 1 and len(rows) > 2
+    assert main(["data", "pairs", "--in", str(src), "--out", str(tmp_path / "x.jsonl"), "--limit", "0"]) == 2
+    assert "--limit must be at least 1" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrig.errors import DataError
+from agentrig.errors import ConfigError, DataError
 from agentrig.jsonl import read_jsonl
 
 
@@ -36,6 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="output JSONL")
     p.add_argument("--format", default="trl", choices=["trl", "llamafactory"])
     p.add_argument("--no-synthetic", action="store_true", help="only pairs from real episodes")
+    p.add_argument("--limit", type=int, metavar="N", help="keep N pairs for one DPO round: every pair from real "
+                   "episodes first, then synthetic kinds in turn (what `agentrig run --profile full` trains on)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --limit's sample")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and count them")
 
 
@@ -106,12 +109,18 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _pairs(args: argparse.Namespace) -> int:
     from agentrig.databuild import BuildReport, read_records
-    from agentrig.pairs import build_pairs
+    from agentrig.pairs import build_pairs, mix_pairs
     from agentrig.trajectory import Episode
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1 (got {args.limit})")
 
     report = BuildReport([str(p) for p in args.inputs], "", "", "", None)
     episodes = [r for r in read_records([Path(p) for p in args.inputs], args.skip_bad, report) if isinstance(r, Episode)]
     pairs, summary = build_pairs(episodes, synthetic=not args.no_synthetic)
+    if args.limit is not None:
+        pairs = mix_pairs(pairs, args.limit, args.seed)
+        summary["kept"] = len(pairs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as fh:
