@@ -167,6 +167,8 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
 
 def _pairs(root: Path, episode_files: list[str], total: int, seed: int) -> dict[str, Any]:
     """Every pair to `dpo_pairs_all.jsonl`; the round's mix (`pairs.mix_pairs`: the policy's own first) to `dpo_pairs.jsonl`."""
+    from collections import Counter
+
     from agentrig.pairs import build_pairs, mix_pairs
     from agentrig.trajectory import read_episodes
 
@@ -177,11 +179,8 @@ def _pairs(root: Path, episode_files: list[str], total: int, seed: int) -> dict[
         with open(root / name, "w", encoding="utf-8") as fh:
             for pair in rows:
                 fh.write(json.dumps(pair.trl(), ensure_ascii=False) + "\n")
-    used_kinds: dict[str, int] = {}
-    for pair in used:
-        used_kinds[pair.kind] = used_kinds.get(pair.kind, 0) + 1
     return {"pairs_file": str(root / "dpo_pairs.jsonl"), "all_pairs_file": str(root / "dpo_pairs_all.jsonl"),
-            **summary, "used": len(used), "used_kinds": used_kinds}
+            **summary, "used": len(used), "used_kinds": dict(Counter(p.kind for p in used))}
 
 
 def _used_pairs(pairs: dict[str, Any]) -> str:
