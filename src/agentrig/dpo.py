@@ -15,8 +15,9 @@ The completion of a pair is a single assistant step (the shared prefix is the pr
 are never inside the scored completion. The loss is the sigmoid DPO loss,
 -log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))), over summed completion log-probabilities, plus
 `pref_ftx` times the chosen completion's NLL per token when set (LLaMA-Factory's `pref_ftx`, TRL's
-`rpo_alpha`): plain DPO only rewards the gap, so it can lower tokens both sides share, such as
-`</tool_call>` and the end-of-turn token, and the model stops closing its calls.
+`rpo_alpha`): plain DPO only rewards the gap, so it can lower what chosen replies need too. Which pairs
+a round trains on matters more (`agentrig.pairs.mix_pairs`, docs/training.md): on a near-uniform sample of
+synthetic pairs the main job's adapter stopped closing its calls, with or without this term.
 """
 
 from __future__ import annotations
@@ -193,8 +194,8 @@ def dpo_trainer_class() -> type:
             chosen, rejected, lengths = pair_logps(model, inputs)
             loss, metrics = dpo_loss(chosen, rejected, inputs["ref_chosen"], inputs["ref_rejected"], self.beta)
             if self.ftx > 0:
-                # NLL per token of the chosen completions: keeps what chosen replies share (the call format,
-                # the end-of-turn token) from drifting down with the rejected ones.
+                # NLL per token of the chosen completions: keeps the chosen replies themselves likely, not
+                # only more likely than the rejected ones.
                 nll = -(chosen / lengths[: chosen.shape[0]].clamp(min=1)).mean()
                 loss = loss + self.ftx * nll
                 metrics["chosen_nll"] = nll.detach()

@@ -133,7 +133,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),
                        packing=stage == "sft", seed=cfg.seed, adapter_name_or_path=adapter,
-                       pref_ftx=1.0 if stage == "dpo" else 0.0)  # plain DPO stopped closing tool calls (README)
+                       pref_ftx=1.0 if stage == "dpo" else 0.0)  # the field's guard on chosen replies (docs/training.md)
     result = run_train(tcfg, resume=True)
     history = [{**row, "stage": stage} for row in result.loss_history]
     return {"adapter": result.adapter_dir, "steps": result.global_step, "loss_history": history,

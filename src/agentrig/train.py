@@ -254,10 +254,13 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
 def pairs_for_run(pairs: list[Any], config: TrainConfig) -> list[Any]:
     """The pairs a DPO run with `max_steps` will see: a seeded sample of steps x batch x accumulation x processes.
 
-    Without this, a pair file much larger than the run (the main job builds ~2,800 pairs for 24 steps of 2)
+    Without this, a pair file much larger than the run (all ~2,800 pairs of the main job for 24 steps of 2)
     would have every pair's reference log-probs computed before the first step, hours on a CPU, for pairs
     never trained on. The sample depends only on the seed, so a resumed run gets the same pairs (and the
     same references). `max_steps` unset, or a run that covers the whole file: every pair, in file order.
+    The sample is uniform and knows nothing of where a pair came from; to choose the pairs (the policy's
+    own first), write the round's file beforehand: `agentrig data pairs --limit N` (`pairs.mix_pairs`),
+    as the main job does.
     """
     import os
     import random
