@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 
-from agentrig.collect import CollectConfig, run_collect
+from agentrig.data.collect import CollectConfig, run_collect
 from agentrig.envs import load_env
 
 

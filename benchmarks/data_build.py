@@ -24,7 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def make_episodes(n: int) -> list[dict]:
     """n episode dicts from the harness with a scripted policy."""
     from agentrig.harness import HarnessConfig, ScriptedPolicy, run_episode
-    from agentrig.tools import ToolSet, tool
+    from agentrig.harness.tools import ToolSet, tool
 
     @tool
     def stock_level(sku: str, warehouse: str = "main") -> dict:
@@ -46,7 +46,7 @@ def make_episodes(n: int) -> list[dict]:
         """
         return f"ordered {qty} x {sku}"
 
-    from agentrig.trajectory import TaskSpec
+    from agentrig.harness.trajectory import TaskSpec
 
     tools = ToolSet([stock_level, reorder])
     out = []
@@ -64,9 +64,9 @@ def make_episodes(n: int) -> list[dict]:
 
 
 def _ours_worker(args: tuple[list[dict], str, int | None]) -> tuple[int, int]:
-    from agentrig.databuild import BuildReport, _Builder
-    from agentrig.render import Renderer
-    from agentrig.trajectory import Episode
+    from agentrig.data.databuild import BuildReport, _Builder
+    from agentrig.data.render import Renderer
+    from agentrig.harness.trajectory import Episode
 
     dicts, model, max_len = args
     renderer = Renderer.for_model(model)
@@ -95,7 +95,7 @@ def run_ours(dicts: list[dict], model: str, workers: int, max_len: int | None) -
 def run_peer(dicts: list[dict], model: str) -> float:
     """Seconds for the naive per-turn apply_chat_template re-render approach, one process."""
     from agentrig.models import load_tokenizer
-    from agentrig.render import hermes_template, template_messages
+    from agentrig.data.render import hermes_template, template_messages
 
     tok = load_tokenizer(model)
     template = hermes_template()

@@ -17,8 +17,8 @@ import time
 from jsonschema import Draft202012Validator
 
 from agentrig.harness import EpisodeRunner, HarnessConfig
-from agentrig.tools import ToolSet, tool
-from agentrig.trajectory import TaskSpec
+from agentrig.harness.tools import ToolSet, tool
+from agentrig.harness.trajectory import TaskSpec
 
 TOOL_TIME = [0.0]
 

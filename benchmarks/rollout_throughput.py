@@ -25,7 +25,7 @@ import time
 
 from agentrig.envs import load_env
 from agentrig.harness import HarnessConfig, run_episode, run_episodes
-from agentrig.hf_policy import HFPolicy
+from agentrig.policies.hf_policy import HFPolicy
 
 
 def main() -> None:

@@ -43,8 +43,8 @@ def _plain_messages(messages: list[dict]) -> list[dict]:
 
 def datadesk_samples(n: int, work: Path) -> list[dict]:
     """`n` built datadesk samples (messages + tools): expert episodes with faults, through `agentrig data build`."""
-    from agentrig.collect import CollectConfig, run_collect
-    from agentrig.databuild import build_dataset
+    from agentrig.data.collect import CollectConfig, run_collect
+    from agentrig.data.databuild import build_dataset
 
     episodes = work / "episodes.jsonl"
     run_collect(CollectConfig(episodes=n, out=str(episodes), workers=1, seed=0), progress=False)
@@ -86,9 +86,9 @@ def _lora_kwargs() -> dict:
 
 def run_agentrig(work: Path, steps: int, samples: int) -> dict:
     """Side (a), in this process."""
-    from agentrig.render import Renderer
-    from agentrig.trainconfig import config_from_dict
-    from agentrig.train import run_train
+    from agentrig.data.render import Renderer
+    from agentrig.train.trainconfig import config_from_dict
+    from agentrig.train.train import run_train
 
     renderer = Renderer.for_model("smollm2-135m")
     rows = []
@@ -140,7 +140,7 @@ def run_plain(work: Path, steps: int, samples: int) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     from agentrig.models import load_tokenizer, resolve_model
-    from agentrig.render import Renderer
+    from agentrig.data.render import Renderer
 
     tokenizer = load_tokenizer("smollm2-135m")
     renderer = Renderer(tokenizer)

@@ -15,9 +15,9 @@ from typing import Any
 from agentrig.envs import CheckResult, Environment
 from agentrig.envs.base import has_figure
 from agentrig.harness import PolicyRequest
-from agentrig.protocol import get_protocol
-from agentrig.tools import Tool, ToolSet, tool
-from agentrig.trajectory import Episode, TaskSpec, ToolCall
+from agentrig.harness.protocol import get_protocol
+from agentrig.harness.tools import Tool, ToolSet, tool
+from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall
 
 PRICES = {"apple": 0.5, "bread": 2.25, "coffee": 7.8, "eggs": 3.1, "milk": 1.2, "rice": 4.0}
 

@@ -8,7 +8,7 @@ import pytest
 
 
 def packed_batch(seed: int = 0):
-    from agentrig.packing import TokenizedSample, collate_rows, pack_rows
+    from agentrig.train.packing import TokenizedSample, collate_rows, pack_rows
 
     rng = random.Random(seed)
     samples = []
@@ -21,7 +21,7 @@ def packed_batch(seed: int = 0):
 
 
 def loss_and_grads(model, batch):
-    from agentrig.lmloss import add_supervised_head
+    from agentrig.train.lmloss import add_supervised_head
 
     add_supervised_head(model)
     out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], supervised_labels=batch["labels"])
@@ -34,7 +34,7 @@ def loss_and_grads(model, batch):
 def test_packed_attention_equals_masked_sdpa_forward_and_backward(smol_tokenizer):
     import torch
 
-    from agentrig.attention import NAME, use_packed_attention
+    from agentrig.train.attention import NAME, use_packed_attention
     from agentrig.models import tiny_random_model
 
     batch = packed_batch()
@@ -54,7 +54,7 @@ def test_packed_attention_equals_masked_sdpa_forward_and_backward(smol_tokenizer
 def test_segments_follow_position_restarts():
     import torch
 
-    from agentrig.attention import _segments
+    from agentrig.train.attention import _segments
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 0, 1]])
     assert _segments(pos) == [[(0, 3), (3, 5), (5, 9)], [(0, 7), (7, 9)]]
@@ -66,7 +66,7 @@ def test_generation_with_padding_and_cache_falls_back_to_sdpa(smol_tokenizer):
     """A model switched to packed attention still generates exactly as with SDPA (padding mask, KV cache)."""
     import torch
 
-    from agentrig.attention import use_packed_attention
+    from agentrig.train.attention import use_packed_attention
     from agentrig.models import tiny_random_model
 
     reference = tiny_random_model(len(smol_tokenizer)).eval()
@@ -88,7 +88,7 @@ def test_generation_with_padding_and_cache_falls_back_to_sdpa(smol_tokenizer):
 def test_only_plain_causal_architectures_switch(overrides, allowed):
     from transformers import LlamaConfig
 
-    from agentrig.attention import supports_packed_attention
+    from agentrig.train.attention import supports_packed_attention
 
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
     for key, value in overrides.items():
@@ -100,10 +100,10 @@ def test_padding_free_batch_equals_padded_batch(smol_tokenizer):
     """Joining a batch's rows into one (no pad tokens) gives the same log-probs as padding them."""
     import torch
 
-    from agentrig.attention import use_packed_attention
-    from agentrig.lmloss import add_supervised_head
+    from agentrig.train.attention import use_packed_attention
+    from agentrig.train.lmloss import add_supervised_head
     from agentrig.models import tiny_random_model
-    from agentrig.packing import RowCollator, TokenizedSample, pack_rows
+    from agentrig.train.packing import RowCollator, TokenizedSample, pack_rows
 
     rng = random.Random(1)
     samples = [TokenizedSample(f"s{i}", ids, [-100] * 3 + ids[3:])

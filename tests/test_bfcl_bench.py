@@ -12,8 +12,8 @@ from agentrig.bfcl.bench import BenchConfig, run_bfcl
 from agentrig.bfcl.checker import reference_calls
 from agentrig.bfcl.multi_turn import BackendSession, parse_call
 from agentrig.bfcl.report import PUBLISHED_LABEL, wilson_interval
-from agentrig.protocol import get_protocol
-from agentrig.trajectory import ToolCall
+from agentrig.harness.protocol import get_protocol
+from agentrig.harness.trajectory import ToolCall
 
 HERMES = get_protocol("hermes")
 LIMIT = 6

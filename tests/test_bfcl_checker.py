@@ -8,7 +8,7 @@ import pytest
 
 from agentrig.bfcl import data
 from agentrig.bfcl.checker import check_call, check_entry, reference_calls, standardize_string
-from agentrig.trajectory import ToolCall
+from agentrig.harness.trajectory import ToolCall
 
 SINGLE_TURN = [c for c in data.CATEGORIES if c != "multi_turn_base"]
 CALLING = [c for c in SINGLE_TURN if c != "irrelevance"]

@@ -8,7 +8,7 @@ from jsonschema import Draft202012Validator
 from agentrig.bfcl import data
 from agentrig.bfcl.types import BFCL_TO_JSON_TYPE, to_json_schema, tool_spec
 from agentrig.errors import DataError
-from agentrig.tools import Tool
+from agentrig.harness.tools import Tool
 
 
 def _valid(schema, value) -> bool:

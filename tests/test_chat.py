@@ -11,7 +11,7 @@ ENV = f"{Path(__file__).parent / 'test_evaluate.py'}:make_env"
 
 
 def test_chat_shows_calls_results_feedback_and_answer(monkeypatch, capsys) -> None:
-    import agentrig.chat
+    import agentrig.evals.chat
     from agentrig.cli import main
 
     script = ScriptedPolicy([
@@ -20,7 +20,7 @@ def test_chat_shows_calls_results_feedback_and_answer(monkeypatch, capsys) -> No
         '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>',
         "I cannot look that up.",
     ])
-    monkeypatch.setattr(agentrig.chat, "build_policy", lambda args: script)
+    monkeypatch.setattr(agentrig.evals.chat, "build_policy", lambda args: script)
     monkeypatch.setattr("sys.stdin", io.StringIO("What is the value of alpha?\n\nAnd omega?\n/quit\nnever read\n"))
     assert main(["chat", "--env", ENV]) == 0
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrig.collect import TIMING_FIELDS, CollectConfig, resume_point, run_collect
+from agentrig.data.collect import TIMING_FIELDS, CollectConfig, resume_point, run_collect
 from agentrig.errors import ConfigError
 
 N = 150

@@ -8,11 +8,11 @@ import pytest
 from test_databuild_episodes import (SUCCESS, call, detour_episode, long_episode, make_episode, note_episode,
                                      parallel_episode, recovered_episode, success_episode)
 
-from agentrig.databuild import build_dataset
+from agentrig.data.databuild import build_dataset
 from agentrig.errors import DataError
-from agentrig.harness import assistant_message, context_at
-from agentrig.render import IGNORE_INDEX, Renderer
-from agentrig.trajectory import dumps_episode, write_episodes
+from agentrig.harness.transcript import assistant_message, context_at
+from agentrig.data.render import IGNORE_INDEX, Renderer
+from agentrig.harness.trajectory import dumps_episode, write_episodes
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_long_episodes_become_windows_made_by_the_harness_memory(tmp_path, rende
 
 
 def test_a_turn_too_long_for_the_limit_fails_naming_the_sample(tmp_path, renderer):
-    from agentrig.databuild import BuildCheckError
+    from agentrig.data.databuild import BuildCheckError
 
     with pytest.raises(BuildCheckError, match="t5-9-True#w.* tokens after windowing"):
         build(tmp_path, renderer, [long_episode()], max_seq_length=600)
@@ -159,7 +159,7 @@ def test_import_datacli_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, agentrig.datacli, agentrig.databuild, agentrig.pairs, agentrig.exports; print('torch' in sys.modules)"
+    code = "import sys, agentrig.data.datacli, agentrig.data.databuild, agentrig.data.pairs, agentrig.data.exports; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from agentrig.harness import HarnessConfig, PolicyReply, ScriptedPolicy, run_episode
-from agentrig.tools import ToolSet, tool
-from agentrig.trajectory import Episode, TaskSpec, ToolResult
+from agentrig.harness.tools import ToolSet, tool
+from agentrig.harness.trajectory import Episode, TaskSpec, ToolResult
 
 
 @tool

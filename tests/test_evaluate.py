@@ -10,10 +10,10 @@ import pytest
 
 from agentrig.envs import CheckResult, Environment
 from agentrig.errors import ConfigError
-from agentrig.evaluate import EvalConfig, parse_pairs, run_eval
+from agentrig.evals.evaluate import EvalConfig, parse_pairs, run_eval
 from agentrig.harness import HarnessConfig, PolicyRequest
-from agentrig.tools import Tool, ToolSet
-from agentrig.trajectory import Episode, TaskSpec
+from agentrig.harness.tools import Tool, ToolSet
+from agentrig.harness.trajectory import Episode, TaskSpec
 
 DATA = {"alpha": 11, "beta": 22, "gamma": 33}
 
@@ -183,7 +183,7 @@ def test_eval_cli_against_an_openai_compatible_server(tmp_path: Path, capsys) ->
 @pytest.mark.slow
 def test_real_smollm2_episodes_on_datadesk() -> None:
     """A few real SmolLM2-135M episodes, batched, on both test splits: every one runs, is checked and measured."""
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     policy = HFPolicy.from_pretrained("smollm2-135m", max_new_tokens=48)
     config = EvalConfig(env="datadesk", limit=2, harness=HarnessConfig(max_steps=2))

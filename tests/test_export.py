@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_train import synthetic_samples, tiny_config, tiny_model_dir, write_jsonl  # noqa: F401 (fixture)
 
-from agentrig.export import check_vllm_adapter
+from agentrig.train.export import check_vllm_adapter
 
 
 def _adapter_config(folder: Path, **fields) -> Path:
@@ -40,7 +40,7 @@ def test_merged_export_loads_and_matches_base_plus_adapter(tmp_path, tiny_model_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrig.cli import main as cli_main
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=9))
     result = run_train(tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=3, save_steps=3,
@@ -58,7 +58,7 @@ def test_merged_export_loads_and_matches_base_plus_adapter(tmp_path, tiny_model_
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
         assert not torch.allclose(base(ids).logits, reference(ids).logits, atol=1e-4)  # the adapter did something
     # The exported tokenizer carries the tool-calling template the training data was rendered with.
-    from agentrig.render import Renderer
+    from agentrig.data.render import Renderer
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template == Renderer(AutoTokenizer.from_pretrained(tiny_model_dir)).chat_template
@@ -70,7 +70,7 @@ def test_merged_export_loads_and_matches_base_plus_adapter(tmp_path, tiny_model_
 
 def test_export_without_out_is_an_error(tmp_path):
     from agentrig.errors import ConfigError
-    from agentrig.export import main
+    from agentrig.train.export import main
 
     class Args:
         adapter, merge, out, base_model, name = str(_adapter_config(tmp_path / "a")), True, None, None, "agent"

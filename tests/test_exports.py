@@ -7,11 +7,11 @@ import json
 import pytest
 from test_databuild_episodes import detour_episode, note_episode, parallel_episode, recovered_episode, success_episode
 
-from agentrig.databuild import build_dataset
-from agentrig.exports import export_samples
-from agentrig.render import IGNORE_INDEX, Renderer
-from agentrig.samples import Sample
-from agentrig.trajectory import write_episodes
+from agentrig.data.databuild import build_dataset
+from agentrig.data.exports import export_samples
+from agentrig.data.render import IGNORE_INDEX, Renderer
+from agentrig.data.samples import Sample
+from agentrig.harness.trajectory import write_episodes
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import pytest
 
 from agentrig.envs import load_env
 from agentrig.errors import ConfigError
-from agentrig.faults import FAULT_KINDS, FaultConfig, drift
+from agentrig.harness.faults import FAULT_KINDS, FaultConfig, drift
 from agentrig.harness import HarnessConfig, run_episode
-from agentrig.teacher import ExpertTeacher
-from agentrig.trajectory import ToolCall, ToolResult
+from agentrig.envs.datadesk.teacher import ExpertTeacher
+from agentrig.harness.trajectory import ToolCall, ToolResult
 
 
 def _ok(call):

@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_silu_mul_matches_unfused_values_and_gradients():
     import torch
 
-    from agentrig.fused import silu_mul
+    from agentrig.train.fused import silu_mul
 
     torch.manual_seed(0)
     gate = (torch.randn(3, 5, 7, dtype=torch.float64) * 3).requires_grad_()
@@ -38,7 +38,7 @@ def saved_bytes(fn):
 def test_fused_model_trains_identically_and_keeps_fewer_activations(smol_tokenizer):
     import torch
 
-    from agentrig.fused import fuse_gated_mlps
+    from agentrig.train.fused import fuse_gated_mlps
     from agentrig.models import tiny_random_model
 
     ids = torch.randint(200, 3000, (2, 48))

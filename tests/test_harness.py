@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from agentrig.demo import SCRIPT, run_demo
-from agentrig.harness import (EpisodeRunner, HarnessConfig, PolicyReply, ScriptedPolicy, context_at, run_episode,
-                              run_episodes)
-from agentrig.protocol import feedback
-from agentrig.tools import Tool, ToolSet, tool
-from agentrig.trajectory import TaskSpec, ToolResult, read_episodes
+from agentrig.harness.demo import SCRIPT, run_demo
+from agentrig.harness import EpisodeRunner, HarnessConfig, PolicyReply, ScriptedPolicy, run_episode, run_episodes
+from agentrig.harness.transcript import context_at
+from agentrig.harness.protocol import feedback
+from agentrig.harness.tools import Tool, ToolSet, tool
+from agentrig.harness.trajectory import TaskSpec, ToolResult, read_episodes
 
 TASK = TaskSpec(id="t", prompt="What is 2 + 3?")
 

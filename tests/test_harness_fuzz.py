@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentrig.harness import EpisodeRunner, HarnessConfig
-from agentrig.protocol import DEFECT_KINDS
-from agentrig.tools import ToolSet, tool
-from agentrig.trajectory import TaskSpec
+from agentrig.harness.protocol import DEFECT_KINDS
+from agentrig.harness.tools import ToolSet, tool
+from agentrig.harness.trajectory import TaskSpec
 
 
 @tool

@@ -7,7 +7,7 @@ import pytest
 
 from agentrig.errors import ConfigError
 from agentrig.harness import PolicyRequest
-from agentrig.trajectory import TaskSpec
+from agentrig.harness.trajectory import TaskSpec
 
 
 SYSTEM = "You are a function-calling agent."
@@ -22,7 +22,7 @@ PROMPTS = ["hi", "what is the stock level of SKU A-17 in the north warehouse?", 
 
 
 def test_batched_greedy_equals_one_at_a_time(tiny_model, smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     policy = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=12)
     requests = [_request(p) for p in PROMPTS]
@@ -55,8 +55,8 @@ def _bigram_model(tokenizer, chain: list[int]):
 
 
 def test_generation_stops_after_the_tool_call_block(smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
-    from agentrig.render import Renderer
+    from agentrig.policies.hf_policy import HFPolicy
+    from agentrig.data.render import Renderer
 
     renderer = Renderer(smol_tokenizer)
     last = renderer.prompt_ids(_request("hi").messages)[-1]
@@ -69,8 +69,8 @@ def test_generation_stops_after_the_tool_call_block(smol_tokenizer) -> None:
 
 
 def test_end_of_turn_token_ends_the_reply(smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
-    from agentrig.render import Renderer
+    from agentrig.policies.hf_policy import HFPolicy
+    from agentrig.data.render import Renderer
 
     renderer = Renderer(smol_tokenizer)
     last = renderer.prompt_ids(_request("hi").messages)[-1]
@@ -94,7 +94,7 @@ def _save_adapter(model_factory, folder, seed: int) -> None:
 def test_adapters_route_per_task_and_leave_base_weights_untouched(smol_tokenizer, tmp_path) -> None:
     import torch
 
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
     from agentrig.models import tiny_random_model
 
     def fresh():
@@ -131,7 +131,7 @@ def test_adapters_route_per_task_and_leave_base_weights_untouched(smol_tokenizer
 
 
 def test_unknown_adapter_names_are_config_errors(tiny_model, smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     policy = HFPolicy(tiny_model, smol_tokenizer)
     with pytest.raises(ConfigError, match="unknown adapter 'sft'"):
@@ -141,7 +141,7 @@ def test_unknown_adapter_names_are_config_errors(tiny_model, smol_tokenizer) -> 
 
 
 def test_sampling_with_a_seed_is_reproducible(tiny_model, smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     requests = [_request(p) for p in PROMPTS[:2]]
     first = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=8, temperature=1.0, seed=7).generate_batch(requests)
@@ -197,7 +197,7 @@ def _count_prefilled(model) -> list[int]:
 
 
 def test_prefix_cache_gives_the_uncached_replies_and_prefills_less(smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     model = _talkative_model(smol_tokenizer)
     seen = _count_prefilled(model)
@@ -213,7 +213,7 @@ def test_prefix_cache_gives_the_uncached_replies_and_prefills_less(smol_tokenize
 
 
 def test_prefix_cache_rows_of_one_episode_in_separate_batches(smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     model = _talkative_model(smol_tokenizer)
     prompts = ["a", "bb bb", "ccc ccc ccc", "dddd dddd dddd dddd"]
@@ -223,7 +223,7 @@ def test_prefix_cache_rows_of_one_episode_in_separate_batches(smol_tokenizer) ->
 
 
 def test_prefix_cache_is_kept_per_adapter(smol_tokenizer, tmp_path) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     def fresh():
         return _talkative_model(smol_tokenizer)
@@ -251,7 +251,7 @@ def test_prefix_cache_is_kept_per_adapter(smol_tokenizer, tmp_path) -> None:
 
 
 def test_prefix_cache_with_sampling_is_reproducible(smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     model = _talkative_model(smol_tokenizer)
     prompts = ["hi", "list orders"]
@@ -266,7 +266,7 @@ def test_prefix_cache_with_sampling_is_reproducible(smol_tokenizer) -> None:
 
 def test_prefix_cache_rows_that_stop_early_leave_the_batch(smol_tokenizer) -> None:
     """Rows that hit a stop token at different steps: the cached loop drops them and still gives `generate`'s replies."""
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     model = _talkative_model(smol_tokenizer)
     prompts = ["hi", "what is the stock level of SKU A-17 in the north warehouse?", "list orders"]
@@ -285,7 +285,7 @@ def test_prefix_cache_rows_that_stop_early_leave_the_batch(smol_tokenizer) -> No
 
 
 def test_sampling_with_a_tiny_top_p_is_greedy(smol_tokenizer) -> None:
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     model = _talkative_model(smol_tokenizer)
     prompts = ["hi", "list orders"]

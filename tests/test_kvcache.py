@@ -16,7 +16,7 @@ def _model():
 
 def _buffered(cache, capacity: int):
     """A BufferedCache holding a DynamicCache's contents, with room for `capacity` positions."""
-    from agentrig.kvcache import BufferedCache
+    from agentrig.policies.kvcache import BufferedCache
 
     layers = []
     for layer in cache.layers:

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from agentrig.metrics import MetricSet, Rate, compute_metrics, pass_hat_k, wilson_interval
-from agentrig.protocol import DEFECT_KINDS
-from agentrig.trajectory import Defect, Episode, Step, TaskSpec, ToolCall, ToolResult
+from agentrig.evals.metrics import MetricSet, Rate, compute_metrics, pass_hat_k, wilson_interval
+from agentrig.harness.protocol import DEFECT_KINDS
+from agentrig.harness.trajectory import Defect, Episode, Step, TaskSpec, ToolCall, ToolResult
 
 
 def _episode(

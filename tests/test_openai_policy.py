@@ -10,9 +10,9 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from agentrig.harness import HarnessConfig, PolicyRequest, run_episode
-from agentrig.openai_policy import OpenAIPolicy, OpenAIPolicyError
-from agentrig.tools import Tool, ToolSet
-from agentrig.trajectory import TaskSpec
+from agentrig.policies.openai_policy import OpenAIPolicy, OpenAIPolicyError
+from agentrig.harness.tools import Tool, ToolSet
+from agentrig.harness.trajectory import TaskSpec
 
 Handler = Callable[[dict[str, Any], dict[str, str]], tuple[int, dict[str, Any]]]
 

@@ -7,9 +7,10 @@ import json
 from test_databuild_episodes import SUCCESS, call, make_episode, recovered_episode, success_episode
 from test_exports import llamafactory_accepts
 
-from agentrig.harness import PolicyReply, assistant_message, context_at
-from agentrig.pairs import GIVE_UP_TEXT, Pair, build_pairs, episode_pairs, mix_pairs, synthetic_pairs
-from agentrig.render import Renderer
+from agentrig.harness import PolicyReply
+from agentrig.harness.transcript import assistant_message, context_at
+from agentrig.data.pairs import GIVE_UP_TEXT, Pair, build_pairs, episode_pairs, mix_pairs, synthetic_pairs
+from agentrig.data.render import Renderer
 
 
 def test_pair_is_shared_prefix_plus_first_differing_step():
@@ -92,7 +93,7 @@ def test_pairs_render_with_the_renderer_and_export_to_llamafactory(smol_tokenize
 
 def test_cli_pairs(tmp_path, capsys):
     from agentrig.cli import main
-    from agentrig.trajectory import write_episodes
+    from agentrig.harness.trajectory import write_episodes
 
     src = tmp_path / "e.jsonl"
     write_episodes(src, [success_episode(), make_episode([call("reorder", sku="A-1", qty=50), "Reordered."], success=False,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from agentrig.harness import HarnessConfig
-from agentrig.protocol import DEFECT_KINDS, feedback, get_protocol
-from agentrig.trajectory import ToolCall
+from agentrig.harness.protocol import DEFECT_KINDS, feedback, get_protocol
+from agentrig.harness.trajectory import ToolCall
 
 H = get_protocol("hermes")
 L = get_protocol("llama31")

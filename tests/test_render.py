@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrig.protocol import get_protocol
-from agentrig.render import HERMES_TEMPLATE_NAME, IGNORE_INDEX, Renderer, RenderError, supports_tools
-from agentrig.trajectory import ToolCall
+from agentrig.harness.protocol import get_protocol
+from agentrig.data.render import HERMES_TEMPLATE_NAME, IGNORE_INDEX, Renderer, RenderError, supports_tools
+from agentrig.harness.trajectory import ToolCall
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_smollm2_has_no_tool_template_so_ours_is_used(renderer, smol_tokenizer):
 
 
 def test_render_is_transformers_apply_chat_template(renderer, smol_tokenizer):
-    from agentrig.render import template_messages
+    from agentrig.data.render import template_messages
 
     for k in range(1, len(MESSAGES) + 1):
         ours = renderer.render_text(MESSAGES[:k], add_generation_prompt=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import re
 
-from agentrig.metrics import compute_metrics
-from agentrig.report import pick_transcripts, render_transcript, rich_table, write_report
-from agentrig.trajectory import Episode, Step, TaskSpec, ToolCall, ToolResult
+from agentrig.evals.metrics import compute_metrics
+from agentrig.evals.report import pick_transcripts, render_transcript, rich_table, write_report
+from agentrig.harness.trajectory import Episode, Step, TaskSpec, ToolCall, ToolResult
 
 
 def _episode(task_id: str, family: str, success: bool, fault: bool = False) -> Episode:

@@ -6,8 +6,8 @@ import hashlib
 
 from agentrig.envs import load_env
 from agentrig.harness import HarnessConfig, ScriptedPolicy, run_episode
-from agentrig.tools import Tool, ToolSet
-from agentrig.trajectory import TaskSpec
+from agentrig.harness.tools import Tool, ToolSet
+from agentrig.harness.trajectory import TaskSpec
 
 
 def _sql(query: str) -> str:

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from agentrig.augment import apply_rename
+from agentrig.data.augment import apply_rename
 from agentrig.envs import load_env
-from agentrig.faults import FaultConfig
+from agentrig.harness.faults import FaultConfig
 from agentrig.harness import HarnessConfig, run_episode
-from agentrig.protocol import get_protocol
-from agentrig.teacher import ExpertTeacher
-from agentrig.trajectory import ToolResult
+from agentrig.harness.protocol import get_protocol
+from agentrig.envs.datadesk.teacher import ExpertTeacher
+from agentrig.harness.trajectory import ToolResult
 
 
 @pytest.fixture(scope="module")

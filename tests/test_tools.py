@@ -7,8 +7,8 @@ from typing import Literal
 
 import pytest
 
-from agentrig.tools import Tool, ToolDefinitionError, ToolSet, tool
-from agentrig.trajectory import ToolCall
+from agentrig.harness.tools import Tool, ToolDefinitionError, ToolSet, tool
+from agentrig.harness.trajectory import ToolCall
 
 
 @tool

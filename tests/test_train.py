@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrig.errors import ConfigError
-from agentrig.trainconfig import TrainConfig, config_from_dict, load_config
+from agentrig.train.trainconfig import TrainConfig, config_from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,7 @@ def test_resolved_config_round_trips(tmp_path):
 # -- packing and the supervised-position loss ----------------------------------------------------
 
 def test_best_fit_packing_fills_rows_without_overflow():
-    from agentrig.packing import best_fit_bins
+    from agentrig.train.packing import best_fit_bins
 
     lengths = [70, 60, 50, 40, 30, 20, 10, 128, 5]
     bins = best_fit_bins(lengths, 128)
@@ -116,8 +116,8 @@ def test_best_fit_packing_fills_rows_without_overflow():
 def test_packed_loss_equals_unpacked_loss(tiny_model):
     import torch
 
-    from agentrig.lmloss import add_supervised_head, full_logits_loss
-    from agentrig.packing import TokenizedSample, collate_rows, pack_rows
+    from agentrig.train.lmloss import add_supervised_head, full_logits_loss
+    from agentrig.train.packing import TokenizedSample, collate_rows, pack_rows
 
     model = add_supervised_head(tiny_model).eval()
     samples = [TokenizedSample(s["sample_id"], s["input_ids"], s["labels"]) for s in synthetic_samples(7)]
@@ -146,8 +146,8 @@ def test_packing_keeps_samples_apart(tiny_model):
     """Changing one packed sample must not change another sample's log-probs."""
     import torch
 
-    from agentrig.lmloss import add_supervised_head
-    from agentrig.packing import TokenizedSample, collate_rows, pack_rows
+    from agentrig.train.lmloss import add_supervised_head
+    from agentrig.train.packing import TokenizedSample, collate_rows, pack_rows
 
     model = add_supervised_head(tiny_model).eval()
     a, b = synthetic_samples(2, seed=3)
@@ -174,7 +174,7 @@ def test_lora_changes_and_base_does_not_and_loss_falls(tmp_path, tiny_model_dir)
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     data = write_jsonl(tmp_path / "data" / "tokenized.jsonl", synthetic_samples(4, seed=1, vocab=12))
     config = tiny_config(tiny_model_dir, data.parent, tmp_path / "run", max_steps=25, learning_rate=1e-2,
@@ -206,7 +206,7 @@ def test_lora_changes_and_base_does_not_and_loss_falls(tmp_path, tiny_model_dir)
 
 
 def test_existing_checkpoints_need_resume(tmp_path, tiny_model_dir):
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4))
     config = tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=3, save_steps=3)
@@ -217,7 +217,7 @@ def test_existing_checkpoints_need_resume(tmp_path, tiny_model_dir):
 
 def test_bad_data_is_a_data_error(tmp_path, tiny_model_dir):
     from agentrig.errors import DataError
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     data = tmp_path / "tokenized.jsonl"
     data.write_text('{"sample_id": "a", "input_ids": [1, 2], "labels": [1]}\n')
@@ -227,8 +227,8 @@ def test_bad_data_is_a_data_error(tmp_path, tiny_model_dir):
 
 def test_episodes_file_is_built_on_the_fly(tmp_path, tiny_model_dir):
     """`dataset:` may name an episodes file: it is built with the data pipeline beside the run, then trained on."""
-    from agentrig.collect import CollectConfig, run_collect
-    from agentrig.train import run_train
+    from agentrig.data.collect import CollectConfig, run_collect
+    from agentrig.train.train import run_train
 
     episodes = tmp_path / "train.jsonl"
     run_collect(CollectConfig(episodes=4, out=str(episodes), workers=1), progress=False)

@@ -25,7 +25,7 @@ def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
 @pytest.fixture(scope="module")
 def sft_adapter(tmp_path_factory, tiny_model_dir) -> Path:
     """A short SFT run on the tiny model: the adapter DPO starts from."""
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     tmp = tmp_path_factory.mktemp("sft")
     data = write_jsonl(tmp / "tokenized.jsonl", synthetic_samples(4, seed=7))
@@ -36,8 +36,8 @@ def _logps(model_dir: Path, adapter: Path | None, pairs: list[dict], **kwargs) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from agentrig.dpo import PreferencePair, compute_logps
-    from agentrig.lmloss import add_supervised_head
+    from agentrig.train.dpo import PreferencePair, compute_logps
+    from agentrig.train.lmloss import add_supervised_head
 
     model = add_supervised_head(AutoModelForCausalLM.from_pretrained(model_dir))
     if adapter is not None:
@@ -54,7 +54,7 @@ def test_reference_pass_reports_progress_per_batch_without_changing_the_logps(ti
 
 
 def test_dpo_margin_grows_and_reference_is_the_sft_adapter(tmp_path, tiny_model_dir, sft_adapter):
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     pairs = synthetic_pairs(6)
     data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
@@ -85,7 +85,7 @@ def test_dpo_margin_grows_and_reference_is_the_sft_adapter(tmp_path, tiny_model_
 
 
 def test_dpo_scores_only_the_pairs_the_run_uses(tmp_path, tiny_model_dir, sft_adapter, monkeypatch):
-    from agentrig.train import pairs_for_run, run_train
+    from agentrig.train.train import pairs_for_run, run_train
 
     pairs = synthetic_pairs(10)
     data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
@@ -106,7 +106,7 @@ def test_dpo_scores_only_the_pairs_the_run_uses(tmp_path, tiny_model_dir, sft_ad
 
 def test_pref_ftx_adds_the_chosen_nll_and_raises_chosen_logps(tmp_path, tiny_model_dir, sft_adapter):
     from agentrig.errors import ConfigError
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     pairs = synthetic_pairs(6)
     data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
@@ -126,7 +126,7 @@ def test_pref_ftx_adds_the_chosen_nll_and_raises_chosen_logps(tmp_path, tiny_mod
 
 def test_dpo_needs_the_sft_adapter(tmp_path, tiny_model_dir):
     from agentrig.errors import ConfigError
-    from agentrig.train import run_train
+    from agentrig.train.train import run_train
 
     data = write_jsonl(tmp_path / "pairs.jsonl", synthetic_pairs(2))
     with pytest.raises(ConfigError, match="adapter_name_or_path"):
@@ -138,7 +138,7 @@ def test_dpo_loss_is_log2_at_the_reference():
 
     import torch
 
-    from agentrig.dpo import dpo_loss
+    from agentrig.train.dpo import dpo_loss
 
     logps = torch.tensor([-3.0, -5.0])
     loss, metrics = dpo_loss(logps, logps - 1, logps, logps - 1, beta=0.1)

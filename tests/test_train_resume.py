@@ -37,7 +37,7 @@ def _assert_same_adapter(a: str | Path, b: str | Path) -> None:
 def test_resumed_run_matches_uninterrupted(tmp_path, tiny_model_dir):
     from transformers import TrainerCallback
 
-    from agentrig.train import last_complete_checkpoint, run_train
+    from agentrig.train.train import last_complete_checkpoint, run_train
 
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(6, seed=2))
     full = run_train(tiny_config(tiny_model_dir, data, tmp_path / "full", max_steps=8, save_steps=4,
@@ -63,7 +63,7 @@ def test_resumed_run_matches_uninterrupted(tmp_path, tiny_model_dir):
 
 
 def test_incomplete_checkpoint_is_skipped(tmp_path):
-    from agentrig.train import last_complete_checkpoint
+    from agentrig.train.train import last_complete_checkpoint
 
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
@@ -85,7 +85,7 @@ def _env() -> dict[str, str]:
 
 
 def test_sigkilled_process_resumes_and_finishes(tmp_path, tiny_model_dir):
-    from agentrig.train import last_complete_checkpoint, run_train
+    from agentrig.train.train import last_complete_checkpoint, run_train
 
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(6, seed=4))
     steps = 12

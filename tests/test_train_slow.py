@@ -1,6 +1,6 @@
 """The real default model (SmolLM2-135M) trains: 30 LoRA steps on rendered tool-use samples.
 
-Samples come from the data pipeline's renderer (`agentrig.render.Renderer.sample_ids`) on synthetic
+Samples come from the data pipeline's renderer (`agentrig.data.render.Renderer.sample_ids`) on synthetic
 tool-use episodes; switch the source to `agentrig data build` output once an environment's build is
 importable here.
 """
@@ -36,9 +36,9 @@ def _episodes(n: int, seed: int = 0) -> list[list[dict]]:
 
 @pytest.mark.slow
 def test_default_model_trains_30_steps(tmp_path):
-    from agentrig.render import Renderer
-    from agentrig.trainconfig import config_from_dict
-    from agentrig.train import run_train
+    from agentrig.data.render import Renderer
+    from agentrig.train.trainconfig import config_from_dict
+    from agentrig.train.train import run_train
 
     renderer = Renderer.for_model("smollm2-135m")
     rows = []

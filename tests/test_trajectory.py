@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agentrig.demo import run_demo
-from agentrig.trajectory import RecordError, flat_view, read_episodes, write_episodes
+from agentrig.harness.demo import run_demo
+from agentrig.harness.trajectory import RecordError, flat_view, read_episodes, write_episodes
 
 
 def test_round_trip_is_exact(tmp_path):

@@ -16,14 +16,14 @@ from agentrig.errors import AgentrigError
 
 # command -> (module, one-line help). Modules must be light to import (torch only inside functions).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("agentrig.demo", "run a scripted episode with a failing tool and the recovery rule"),
-    "collect": ("agentrig.collect", "collect trajectories by running a teacher through the harness"),
-    "data": ("agentrig.datacli", "build, inspect and pair training data from episodes"),
-    "train": ("agentrig.train", "LoRA SFT or DPO from a YAML config"),
-    "export": ("agentrig.export", "merge an adapter into full weights for serving"),
-    "eval": ("agentrig.evaluate", "evaluate a model or adapters by task completion"),
+    "demo": ("agentrig.harness.demo", "run a scripted episode with a failing tool and the recovery rule"),
+    "collect": ("agentrig.data.collect", "collect trajectories by running a teacher through the harness"),
+    "data": ("agentrig.data.datacli", "build, inspect and pair training data from episodes"),
+    "train": ("agentrig.train.train", "LoRA SFT or DPO from a YAML config"),
+    "export": ("agentrig.train.export", "merge an adapter into full weights for serving"),
+    "eval": ("agentrig.evals.evaluate", "evaluate a model or adapters by task completion"),
     "run": ("agentrig.run", "the main job: collect, build, train, evaluate and report"),
-    "chat": ("agentrig.chat", "talk to the agent on the environment's tools in the terminal"),
+    "chat": ("agentrig.evals.chat", "talk to the agent on the environment's tools in the terminal"),
     "bench": ("agentrig.bfcl.bench", "public benchmarks (BFCL) offline through the harness"),
 }
 

@@ -102,7 +102,7 @@ def _mmss(seconds: float) -> str:
 
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
              episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
-    from agentrig.collect import CollectConfig, run_collect
+    from agentrig.data.collect import CollectConfig, run_collect
 
     out = root / "collect" / f"{name}.jsonl"
     ccfg = CollectConfig(env=cfg.env, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
@@ -114,7 +114,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
 
 
 def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_file: str) -> dict[str, Any]:
-    from agentrig.databuild import build_dataset
+    from agentrig.data.databuild import build_dataset
 
     report = build_dataset([episodes_file], root / "data", model=cfg.model, max_seq_length=prof.max_seq_length)
     card = json.loads((root / "data" / "data_card.json").read_text())
@@ -124,8 +124,8 @@ def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_file: str) -> dic
 
 def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, steps: int,
            adapter: str | None = None) -> dict[str, Any]:
-    from agentrig.train import run_train
-    from agentrig.trainconfig import TrainConfig
+    from agentrig.train.train import run_train
+    from agentrig.train.trainconfig import TrainConfig
 
     tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
                        lora_rank=32, lora_alpha=64, lora_target="q_proj,k_proj,v_proj,o_proj",
@@ -143,10 +143,10 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
 
 def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str],
               folder: str = "eval") -> dict[str, Any]:
-    from agentrig.evaluate import EvalConfig, _run_with_progress
+    from agentrig.evals.evaluate import EvalConfig, _run_with_progress
     from agentrig.harness import HarnessConfig
-    from agentrig.hf_policy import HFPolicy
-    from agentrig.trajectory import write_episodes
+    from agentrig.policies.hf_policy import HFPolicy
+    from agentrig.harness.trajectory import write_episodes
     from rich.console import Console
 
     policy = HFPolicy.from_pretrained(cfg.model, adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed)
@@ -169,8 +169,8 @@ def _pairs(root: Path, episode_files: list[str], total: int, seed: int) -> dict[
     """Every pair to `dpo_pairs_all.jsonl`; the round's mix (`pairs.mix_pairs`: the policy's own first) to `dpo_pairs.jsonl`."""
     from collections import Counter
 
-    from agentrig.pairs import build_pairs, mix_pairs
-    from agentrig.trajectory import read_episodes
+    from agentrig.data.pairs import build_pairs, mix_pairs
+    from agentrig.harness.trajectory import read_episodes
 
     episodes = [ep for f in episode_files for ep in read_episodes(f)]
     pairs, summary = build_pairs(episodes, synthetic=True)
@@ -191,9 +191,9 @@ def _used_pairs(pairs: dict[str, Any]) -> str:
 
 
 def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[str, Any]], total_s: float) -> dict[str, Any]:
-    from agentrig.metrics import MetricSet
-    from agentrig.report import pick_transcripts, rich_table, write_report
-    from agentrig.trajectory import read_episodes
+    from agentrig.evals.metrics import MetricSet
+    from agentrig.evals.report import pick_transcripts, rich_table, write_report
+    from agentrig.harness.trajectory import read_episodes
     from rich.console import Console
 
     evals = {name: v for stage in ("eval", "eval_dpo") for name, v in stages.get(stage, {}).items()

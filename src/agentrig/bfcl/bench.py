@@ -19,7 +19,7 @@ from agentrig.bfcl.data import CATEGORIES, BfclEntry, data_dir, load_category
 from agentrig.bfcl.report import CategoryScore, write_results
 from agentrig.bfcl.runner import EntryOutcome, harness_config, run_entries
 from agentrig.errors import ConfigError
-from agentrig.trajectory import write_episodes
+from agentrig.harness.trajectory import write_episodes
 
 
 @dataclass
@@ -71,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def load_policy(config: BenchConfig) -> Any:
     """The local-model policy (torch and transformers are imported here)."""
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     adapters = {"adapter": str(config.adapter)} if config.adapter is not None else None
     return HFPolicy.from_pretrained(config.model, adapters=adapters, batch_size=config.batch_size)

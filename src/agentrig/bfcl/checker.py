@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentrig.trajectory import ToolCall
+from agentrig.harness.trajectory import ToolCall
 
 # BFCL type name -> the Python type a value must have (PYTHON_TYPE_MAPPING in BFCL).
 PYTHON_TYPES: dict[str, type] = {

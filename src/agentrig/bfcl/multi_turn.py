@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agentrig.bfcl.checker import PASS, CheckResult
-from agentrig.trajectory import ToolCall
+from agentrig.harness.trajectory import ToolCall
 
 _BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrig.metrics import wilson_interval  # one Wilson interval for every report
+from agentrig.evals.metrics import wilson_interval  # one Wilson interval for every report
 
 PUBLISHED_LABEL = "published BFCL v4 figures, 2025-12"
 

@@ -28,9 +28,10 @@ from agentrig.bfcl.checker import check_entry
 from agentrig.bfcl.data import BfclEntry
 from agentrig.bfcl.multi_turn import BackendCall, BackendSession, check_multi_turn
 from agentrig.bfcl.types import tool_spec
-from agentrig.harness import EpisodeRunner, HarnessConfig, generate_batch, run_episodes
-from agentrig.tools import Tool, ToolSet
-from agentrig.trajectory import Episode, TaskSpec, ToolCall
+from agentrig.harness import EpisodeRunner, HarnessConfig, run_episodes
+from agentrig.harness.policy import generate_batch
+from agentrig.harness.tools import Tool, ToolSet
+from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall
 
 # BFCL's MAXIMUM_STEP_LIMIT: policy calls allowed per user turn before the entry is force-terminated.
 MAX_STEPS_PER_TURN = 20

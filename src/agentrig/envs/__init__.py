@@ -1,4 +1,9 @@
-"""Environments: `load_env("datadesk")` or `load_env("path/to/file.py:make_env")` (see docs/environments.md)."""
+"""Environments: `load_env("datadesk")` or `load_env("path/to/file.py:make_env")` (see docs/environments.md).
+
+Holds the Environment API (`base.py`) and the built-in `datadesk/` environment with everything specific to
+it (database, tools, task families, checker, expert teacher). May import: `agentrig.harness` and the
+top-level helpers only; collection, training and evaluation reach an environment through `Environment`.
+"""
 
 from __future__ import annotations
 

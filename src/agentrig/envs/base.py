@@ -19,8 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrig.tools import ToolSet
-from agentrig.trajectory import Episode, TaskSpec
+from agentrig.harness.tools import ToolSet
+from agentrig.harness.trajectory import Episode, TaskSpec
 
 SPLITS = ("train", "dev", "test", "test_unseen_tools")
 

@@ -1,7 +1,7 @@
 """The built-in `datadesk` environment: "look up and summarize the data I name" over a seeded SQLite business DB.
 
 `db.py` generates the database, `tools.py` defines the tools, `tasks.py` the task families and splits,
-`checker.py` the success rules. The expert teacher for these families is `agentrig.teacher`.
+`checker.py` the success rules. The expert teacher for these families is `agentrig.envs.datadesk.teacher`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from agentrig.envs.datadesk.checker import check_datadesk
 from agentrig.envs.datadesk.db import ensure_db, open_readonly
 from agentrig.envs.datadesk.tasks import FAMILIES, UNSEEN_FAMILIES, TaskFactory
 from agentrig.envs.datadesk.tools import ALL_TOOLS, SEEN_TOOLS, DatadeskState, bind_tools
-from agentrig.tools import ToolSet
-from agentrig.trajectory import Episode, TaskSpec
+from agentrig.harness.tools import ToolSet
+from agentrig.harness.trajectory import Episode, TaskSpec
 
 
 class DatadeskEnv(Environment):
@@ -63,7 +63,7 @@ class DatadeskEnv(Environment):
         state.close()
 
     def expert(self) -> Any:
-        """The programmatic teacher (`agentrig.teacher.ExpertTeacher`)."""
-        from agentrig.teacher import ExpertTeacher
+        """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`)."""
+        from agentrig.envs.datadesk.teacher import ExpertTeacher
 
         return ExpertTeacher()

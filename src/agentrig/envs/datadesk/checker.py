@@ -19,7 +19,7 @@ from typing import Any
 
 from agentrig.envs.base import CheckResult, has_figure, numbers_in
 from agentrig.envs.datadesk.tools import DatadeskState
-from agentrig.trajectory import Episode, TaskSpec
+from agentrig.harness.trajectory import Episode, TaskSpec
 
 HONEST_MARKERS = ("could not", "couldn't", "cannot", "can't", "no customer", "no product", "no data", "not find",
                   "not found", "no record", "unable", "doesn't exist", "does not exist", "isn't available",

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from agentrig.envs.datadesk.db import CURRENCIES, MONTHS, REGIONS, SEGMENTS
 from agentrig.envs.datadesk.tools import LOOKUP_TOOLS, NO_RESULT, run_lookup
-from agentrig.trajectory import TaskSpec
+from agentrig.harness.trajectory import TaskSpec
 
 FAMILIES = ["single_lookup", "chained_lookup", "currency_aggregation", "comparison", "report", "arithmetic",
             "long_task", "impossible", "no_tool", "ranking", "sql_query"]

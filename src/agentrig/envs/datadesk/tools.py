@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentrig.envs.datadesk.db import open_readonly
-from agentrig.tools import Tool, tool
+from agentrig.harness.tools import Tool, tool
 
 NO_RESULT = "No result"
 SQL_MAX_ROWS = 50

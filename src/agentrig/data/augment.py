@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from agentrig.tools import Tool, ToolSet
-from agentrig.trajectory import Episode, TaskSpec
+from agentrig.harness.tools import Tool, ToolSet
+from agentrig.harness.trajectory import Episode, TaskSpec
 
 TOOL_ALIASES: dict[str, list[tuple[str, str]]] = {
     "find_customer": [("lookup_customer", "Look up one customer record by the customer's full name."),

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from agentrig.augment import Augment, apply_rename, flatten_weights, paraphrase
+from agentrig.data.augment import Augment, apply_rename, flatten_weights, paraphrase
 from agentrig.errors import ConfigError
-from agentrig.faults import FaultConfig
+from agentrig.harness.faults import FaultConfig
 
 # Fields that hold measured times; everything else in a line is a function of the settings and index.
 TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
@@ -123,7 +123,7 @@ def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
 
 
 def _expert(env: Any, cfg: CollectConfig) -> Any:
-    from agentrig.teacher import ExpertTeacher
+    from agentrig.envs.datadesk.teacher import ExpertTeacher
 
     if env.name == "datadesk":
         return ExpertTeacher(detour_rate=cfg.detours, seed=cfg.seed)
@@ -154,7 +154,7 @@ def prepare(index: int) -> tuple[Any, Any, Any, Any]:
 
 def finish(task: Any, state: Any, episode: Any) -> str:
     """Check the episode, label it, release the state; the JSONL line."""
-    from agentrig.trajectory import dumps_episode
+    from agentrig.harness.trajectory import dumps_episode
 
     env = _WORKER["env"]
     result = env.check(task, state, episode)
@@ -252,14 +252,14 @@ def _remote_teacher(cfg: CollectConfig) -> Any:
     if not cfg.model:
         raise ConfigError(f"--teacher {cfg.teacher} needs --model")
     if cfg.teacher == "openai":
-        from agentrig.openai_policy import OpenAIPolicy
+        from agentrig.policies.openai_policy import OpenAIPolicy
 
         if not cfg.base_url:
             raise ConfigError("--teacher openai needs --base-url (the key is read from OPENAI_API_KEY)")
         return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
                             seed=cfg.seed)
     if cfg.teacher == "model":
-        from agentrig.hf_policy import HFPolicy
+        from agentrig.policies.hf_policy import HFPolicy
 
         adapters = {"adapter": cfg.adapter} if cfg.adapter else None
         return HFPolicy.from_pretrained(cfg.model, adapters, temperature=cfg.temperature, seed=cfg.seed,

@@ -11,9 +11,10 @@ import argparse
 import json
 from pathlib import Path
 
-from agentrig.harness import HarnessConfig, ScriptedPolicy, run_episode
-from agentrig.tools import ToolSet, tool
-from agentrig.trajectory import Episode, TaskSpec, write_episodes
+from agentrig.harness.loop import HarnessConfig, run_episode
+from agentrig.harness.policy import ScriptedPolicy
+from agentrig.harness.tools import ToolSet, tool
+from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
 
 
 @tool

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from agentrig.errors import AgentrigError, DataError
-from agentrig.render import IGNORE_INDEX, RenderedSample, Renderer, RenderError
-from agentrig.samples import (
+from agentrig.data.render import IGNORE_INDEX, RenderedSample, Renderer, RenderError
+from agentrig.data.samples import (
     Sample,
     episode_samples,
     keep_reason,
@@ -38,7 +38,7 @@ from agentrig.samples import (
     step_starts,
     window_episode,
 )
-from agentrig.trajectory import Episode, RecordError
+from agentrig.harness.trajectory import Episode, RecordError
 
 log = logging.getLogger(__name__)
 MAX_LISTED_SKIPS = 50
@@ -167,7 +167,7 @@ def check_inference(
     renderer: Renderer, episode: Episode, sample: Sample, rendered: RenderedSample, steps: list[int]
 ) -> None:
     """Tokens before and of every assistant turn equal the inference prompt and the policy's generation."""
-    from agentrig.harness import assistant_message, context_at
+    from agentrig.harness.transcript import assistant_message, context_at
 
     turn_at = {k: (start, end) for k, start, end in rendered.turns}
     offset = len(context_at(episode, steps[0])) - episode.metadata["step_message_index"][steps[0]]
@@ -230,7 +230,7 @@ class _Builder:
             self.dropped["no_supervised_turns"] += 1
             return []
         self.report.calls_normalized += normalize_calls(episode)
-        from agentrig.harness import context_at
+        from agentrig.harness.transcript import context_at
 
         pairs = episode_samples(episode, reason, context_at=context_at)
         if self.max_len is not None and any(self._too_long(s) for s, _ in pairs):
@@ -254,7 +254,7 @@ class _Builder:
         return len(self.renderer.sample_ids(sample.messages, sample.weights)[0]) > self.max_len  # type: ignore[operator]
 
     def _fits(self, i: int, episode: Episode) -> bool:
-        from agentrig.harness import assistant_message, context_at
+        from agentrig.harness.transcript import assistant_message, context_at
 
         n = len(self.renderer.prompt_ids(context_at(episode, i)))
         return n + len(self.renderer.assistant_ids(assistant_message(episode.steps[i]))) <= self.max_len  # type: ignore[operator]

@@ -3,7 +3,7 @@
 The base model is loaded once; any number of PEFT adapters are loaded next to it by name
 (`PeftModel.load_adapter`, never merged, seed section 2.4) and each episode is routed to one of them by
 a fixed name, a family -> adapter dict, or a callable over the `TaskSpec`. `generate_batch` groups the
-requests by adapter, renders each prompt with `agentrig.render.Renderer.prompt_ids` (the one rendering
+requests by adapter, renders each prompt with `agentrig.data.render.Renderer.prompt_ids` (the one rendering
 the training data uses) and generates for up to `batch_size` of them together with the KV cache.
 Generation stops at the end of a tool-call block (`</tool_call>`) or at the end-of-turn token; it is
 greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
@@ -14,7 +14,7 @@ keys/values for and those tensors (batch 1), in an LRU of `2 * batch_size` entri
 longest shared token prefix with any kept entry of the same adapter is reused (its own episode's entry
 in the usual case; another episode's, or an earlier row's of the same batch, for the system prompt at
 step 0), only the rest of the prompt but its last token is prefilled (batch 1, with that cache), and
-the rows' caches are left-padded with masked zeros into one `agentrig.kvcache.BufferedCache` with room
+the rows' caches are left-padded with masked zeros into one `agentrig.policies.kvcache.BufferedCache` with room
 for the replies. The policy's own decode loop then feeds every live row's newest token with its own
 position id, writes keys/values in place (no per-step copy of the cache, which dominates long-context
 decoding on a CPU) and drops each row from the batch as it finishes, keeping its keys/values for the
@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Union
 
 from agentrig.errors import ConfigError
 from agentrig.harness import PolicyReply, PolicyRequest
-from agentrig.trajectory import TaskSpec
+from agentrig.harness.trajectory import TaskSpec
 
 BASE = "base"  # the route name meaning "no adapter"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -63,7 +63,7 @@ class HFPolicy:
             is the fallback), or a callable `task -> name | None` (None = base). The default is the only
             adapter when there is exactly one, else the base model.
         renderer: the object whose `prompt_ids(messages)` renders prompts; by default
-            `agentrig.render.Renderer(tokenizer)`.
+            `agentrig.data.render.Renderer(tokenizer)`.
         max_new_tokens: per step.
         temperature: 0.0 = greedy; above 0, sampling with `top_p`.
         top_p: nucleus sampling mass when sampling.
@@ -92,7 +92,7 @@ class HFPolicy:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
         if renderer is None:
-            from agentrig.render import Renderer
+            from agentrig.data.render import Renderer
 
             renderer = Renderer(tokenizer)
         self.tokenizer = tokenizer
@@ -348,7 +348,7 @@ class HFPolicy:
         import torch
         from transformers import DynamicCache
 
-        from agentrig.kvcache import BufferedCache
+        from agentrig.policies.kvcache import BufferedCache
 
         device = next(self.model.parameters()).device
         rows: list[list[tuple[Any, Any]]] = []

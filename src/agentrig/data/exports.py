@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from agentrig.render import hermes_template
-from agentrig.samples import Sample
+from agentrig.data.render import hermes_template
+from agentrig.data.samples import Sample
 
 FORMATS = ("trl", "llamafactory", "axolotl", "openai")
 OBSERVATION_JOIN = "\n</tool_response>\n<tool_response>\n"  # LLaMA-Factory's join of consecutive tool results

@@ -2,7 +2,7 @@
 
 Input is a dict of named metric sets in display order (e.g. `{"base": ..., "sft": ..., "sft+dpo": ...}`),
 optionally the training loss history (`[{"step": int, "loss": float, "stage": "sft"}, ...]`, the rows
-`agentrig.trainlog.loss_history` produces, with an optional `stage` per row) and a few episodes to show
+`agentrig.train.trainlog.loss_history` produces, with an optional `stage` per row) and a few episodes to show
 as transcripts. The plots are: the loss curve (one line per stage), the headline metrics of every named
 set side by side with their 95% Wilson intervals, and task completion per family. The HTML page inlines
 the PNGs as base64 so it can be mailed or attached as one file. matplotlib is imported inside the
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrig.metrics import MetricSet, Rate
-from agentrig.trajectory import Episode
+from agentrig.evals.metrics import MetricSet, Rate
+from agentrig.harness.trajectory import Episode
 
 # The headline rates, in display order: (attribute, label, higher is better).
 HEADLINE: tuple[tuple[str, str, bool], ...] = (

@@ -17,8 +17,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from agentrig.protocol import DEFECT_KINDS
-from agentrig.trajectory import Episode, TaskSpec
+from agentrig.harness.protocol import DEFECT_KINDS
+from agentrig.harness.trajectory import Episode, TaskSpec
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 

@@ -8,7 +8,7 @@ part, so a step costs what attention reads. Rows that finished can be dropped (`
 rest of a batch decodes at the batch size it still has.
 
 It is a `DynamicCache` (the models' code paths and mask building are the dynamic cache's) for
-full-attention layers only; it is imported lazily by `agentrig.hf_policy`.
+full-attention layers only; it is imported lazily by `agentrig.policies.hf_policy`.
 """
 
 from __future__ import annotations

@@ -17,10 +17,11 @@ import json
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
-from agentrig.harness import EpisodeRunner, HarnessConfig, PolicyReply, generate_batch
-from agentrig.protocol import get_protocol
-from agentrig.tools import ToolSet
-from agentrig.trajectory import Episode, TaskSpec, ToolCall, ToolResult
+from agentrig.harness import EpisodeRunner, HarnessConfig, PolicyReply
+from agentrig.harness.policy import generate_batch
+from agentrig.harness.protocol import get_protocol
+from agentrig.harness.tools import ToolSet
+from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall, ToolResult
 
 QUIT = ("/quit", "/exit")
 
@@ -101,11 +102,11 @@ def session_tools(env: Any) -> tuple[ToolSet, Any]:
 def build_policy(args: argparse.Namespace) -> Any:
     """The policy the flags describe: an OpenAI-compatible endpoint, or a local model with an optional adapter."""
     if args.base_url:
-        from agentrig.openai_policy import OpenAIPolicy
+        from agentrig.policies.openai_policy import OpenAIPolicy
 
         return OpenAIPolicy(args.base_url, args.model, api_key_env=args.api_key_env, temperature=args.temperature,
                             max_tokens=args.max_new_tokens)
-    from agentrig.hf_policy import HFPolicy
+    from agentrig.policies.hf_policy import HFPolicy
 
     adapters = {"adapter": args.adapter} if args.adapter else None
     return HFPolicy.from_pretrained(args.model, adapters, max_new_tokens=args.max_new_tokens, temperature=args.temperature)

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentrig.errors import ConfigError
-from agentrig.harness import HarnessConfig, ToolHook, run_episodes
-from agentrig.metrics import MetricSet, compute_metrics
-from agentrig.trajectory import Episode, TaskSpec, write_episodes
+from agentrig.harness import HarnessConfig, run_episodes
+from agentrig.harness.loop import ToolHook
+from agentrig.evals.metrics import MetricSet, compute_metrics
+from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
 
 DEFAULT_SPLITS = ("test", "test_unseen_tools")
 
@@ -71,7 +72,7 @@ def _fault_hook(rate: float, seed: int, task: TaskSpec, trial: int) -> ToolHook 
     """The seeded fault injector of one episode (None when faults are off)."""
     if rate <= 0:
         return None
-    from agentrig.faults import FaultConfig
+    from agentrig.harness.faults import FaultConfig
 
     return FaultConfig.from_total(rate).injector(f"{seed}/{task.id}/{trial}")
 
@@ -181,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
     """Run `agentrig eval`."""
     from rich.console import Console
 
-    from agentrig.report import pick_transcripts, rich_table, write_report
+    from agentrig.evals.report import pick_transcripts, rich_table, write_report
 
     console = Console(stderr=False)
     adapters = parse_pairs(args.adapter, "--adapter")
@@ -198,14 +199,14 @@ def main(args: argparse.Namespace) -> int:
     if args.base_url:
         if adapters or route:
             raise ConfigError("--adapter/--route load local adapters; with --base-url choose the adapter by --model")
-        from agentrig.openai_policy import OpenAIPolicy
+        from agentrig.policies.openai_policy import OpenAIPolicy
 
         policy: Any = OpenAIPolicy(args.base_url, args.model, api_key_env=args.api_key_env, temperature=args.temperature,
                                    max_tokens=args.max_new_tokens, protocol=harness.protocol,
                                    concurrency=args.concurrency, seed=args.seed)
         variants: dict[str, Any] = {args.model: None}
     else:
-        from agentrig.hf_policy import HFPolicy
+        from agentrig.policies.hf_policy import HFPolicy
 
         policy = HFPolicy.from_pretrained(args.model, adapters, max_new_tokens=args.max_new_tokens,
                                           temperature=args.temperature, seed=args.seed, batch_size=args.batch_size)

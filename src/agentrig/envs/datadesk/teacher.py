@@ -26,8 +26,8 @@ from typing import Any, Callable, Generator
 from agentrig.envs.datadesk.tasks import NO_TOOL_ANSWERS
 from agentrig.envs.datadesk.tools import LOOKUPS, NO_RESULT, SEEN_TOOLS, inline_sql
 from agentrig.harness import PolicyReply, PolicyRequest
-from agentrig.protocol import canonical_arguments, get_protocol
-from agentrig.trajectory import ToolCall
+from agentrig.harness.protocol import canonical_arguments, get_protocol
+from agentrig.harness.trajectory import ToolCall
 
 # The fields each tool's JSON answer has (to read a drifted field under its new name).
 OUTPUT_KEYS: dict[str, set[str]] = {

@@ -5,7 +5,7 @@ A `Sample` is OpenAI-style messages, the offered tools as a JSON string, one los
 episode gives one sample per memory state: the steps between two memory compressions share one prompt
 prefix, so they train together; each later sample starts from `context_at` (the system prompt with the
 memory area, the task, the recent turns). When a stretch is longer than the token limit, `window_episode`
-adds the compressions the harness itself would make under a context budget (`agentrig.memory`'s
+adds the compressions the harness itself would make under a context budget (`agentrig.harness.memory`'s
 `compress_point` and `extractive_summary`), so the sample shows exactly what inference would show.
 
 Cleaning (seed 3.2, 4.1): `keep_reason` keeps verified successes (recoveries included) and labelled
@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
-from agentrig.trajectory import Episode, MemoryEvent
+from agentrig.harness.trajectory import Episode, MemoryEvent
 
 SAMPLE_SCHEMA_VERSION = 1
 ROLES = ("system", "user", "assistant", "tool")
@@ -194,7 +194,7 @@ def normalize_calls(episode: Episode) -> int:
     `json.dumps(..., ensure_ascii=False)` with default separators; both `messages_full` and the steps'
     parsed calls. Calls to tools that were not offered keep their key order, as the harness shows them.
     """
-    from agentrig.protocol import canonical_arguments
+    from agentrig.harness.protocol import canonical_arguments
 
     schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in episode.tools if "function" in t}
     changed = 0
@@ -245,7 +245,7 @@ def window_episode(episode: Episode, fits: Callable[[int, Episode], bool]) -> Ep
     and fewer only while that is still too long. A step that fits in no way is left as it is (the build's
     length check names it).
     """
-    from agentrig.memory import compress_point, extractive_summary
+    from agentrig.harness.memory import compress_point, extractive_summary
 
     ep = replace(episode, memory_events=list(episode.memory_events))
     starts = ep.metadata["step_message_index"]

@@ -43,7 +43,7 @@ class RenderError(AgentrigError):
 @lru_cache(maxsize=None)
 def hermes_template() -> str:
     """The text of agentrig's versioned Hermes ChatML tool template."""
-    return resources.files("agentrig").joinpath(f"templates/{HERMES_TEMPLATE_NAME}.jinja").read_text(encoding="utf-8")
+    return resources.files("agentrig.data").joinpath(f"templates/{HERMES_TEMPLATE_NAME}.jinja").read_text(encoding="utf-8")
 
 
 def _render(template: str, messages: list[dict[str, Any]], add_generation_prompt: bool, special: dict[str, str]) -> str:

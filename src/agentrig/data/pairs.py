@@ -18,8 +18,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from agentrig.exports import sharegpt_conversation, sharegpt_violations
-from agentrig.trajectory import Episode
+from agentrig.data.exports import sharegpt_conversation, sharegpt_violations
+from agentrig.harness.trajectory import Episode
 
 SYNTHETIC_KINDS = ("wrong_tool", "bad_argument", "invented_result", "gave_up")
 GIVE_UP_TEXT = "I could not do this: the tool failed."
@@ -62,7 +62,7 @@ def _prefer(ep: Episode) -> bool:
 
 def episode_pairs(episodes: list[Episode]) -> tuple[list[Pair], dict[str, int]]:
     """Pairs from episodes grouped by task; also counts of why groups gave none."""
-    from agentrig.harness import assistant_message, context_at
+    from agentrig.harness.transcript import assistant_message, context_at
 
     by_task: dict[str, list[Episode]] = defaultdict(list)
     for ep in episodes:
@@ -124,8 +124,8 @@ def _invented_result(message: dict[str, Any], body: str) -> dict[str, Any]:
 
 def synthetic_pairs(episode: Episode) -> list[Pair]:
     """At most one pair of each synthetic kind from a successful, detour-free episode's steps."""
-    from agentrig.harness import assistant_message, context_at
-    from agentrig.protocol import get_protocol
+    from agentrig.harness.transcript import assistant_message, context_at
+    from agentrig.harness.protocol import get_protocol
 
     if not _prefer(episode):
         return []

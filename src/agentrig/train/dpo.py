@@ -6,17 +6,17 @@ itself: its log-probabilities of every chosen and rejected completion are comput
 first update, with the adapter exactly as SFT saved it (eval mode, no grad). That is a frozen copy by
 construction, and it halves the forward passes per step. A resumed run recomputes them from the same
 SFT adapter, so they do not depend on the checkpoint. A run with `max_steps` scores only the pairs it
-will train on (`agentrig.train.pairs_for_run`).
+will train on (`agentrig.train.train.pairs_for_run`).
 
 Pairs come in two forms, one a line: TRL's `{"prompt": [messages], "chosen": [assistant message],
-"rejected": [assistant message], "tools": "JSON string"}` (rendered through `agentrig.render.Renderer`,
+"rejected": [assistant message], "tools": "JSON string"}` (rendered through `agentrig.data.render.Renderer`,
 the renderer used for inference), or already tokenized `{"prompt_ids", "chosen_ids", "rejected_ids"}`.
 The completion of a pair is a single assistant step (the shared prefix is the prompt), so tool results
 are never inside the scored completion. The loss is the sigmoid DPO loss,
 -log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))), over summed completion log-probabilities, plus
 `pref_ftx` times the chosen completion's NLL per token when set (LLaMA-Factory's `pref_ftx`, TRL's
 `rpo_alpha`): plain DPO only rewards the gap, so it can lower what chosen replies need too. Which pairs
-a round trains on matters more (`agentrig.pairs.mix_pairs`, docs/training.md): on a near-uniform sample of
+a round trains on matters more (`agentrig.data.pairs.mix_pairs`, docs/training.md): on a near-uniform sample of
 synthetic pairs the main job's adapter stopped closing its calls, with or without this term.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentrig.errors import ConfigError, DataError
-from agentrig.packing import IGNORE
+from agentrig.train.packing import IGNORE
 
 
 @dataclass
@@ -47,7 +47,7 @@ def _int_list(value: Any, path: Path, lineno: int, key: str) -> list[int]:
 
 
 def load_pairs(path: str | Path, tokenizer: Any) -> list[PreferencePair]:
-    """Read preference pairs (tokenized, or TRL format rendered with `agentrig.render.Renderer`)."""
+    """Read preference pairs (tokenized, or TRL format rendered with `agentrig.data.render.Renderer`)."""
     path = Path(path)
     if path.is_dir():
         path = path / "pairs.jsonl"
@@ -81,9 +81,9 @@ def load_pairs(path: str | Path, tokenizer: Any) -> list[PreferencePair]:
 def _renderer(tokenizer: Any) -> Any:
     """The data pipeline's renderer; TRL-format pairs cannot be tokenized without it."""
     try:
-        from agentrig.render import Renderer
+        from agentrig.data.render import Renderer
     except ImportError:
-        raise ConfigError("TRL-format preference pairs need agentrig.render (the data pipeline's renderer), which "
+        raise ConfigError("TRL-format preference pairs need agentrig.data.render (the data pipeline's renderer), which "
                           "this install lacks; pass tokenized pairs {prompt_ids, chosen_ids, rejected_ids}") from None
     return Renderer(tokenizer)
 
@@ -111,7 +111,7 @@ class PairCollator:
         """Each example has prompt_ids/chosen_ids/rejected_ids and, in training, ref_chosen/ref_rejected."""
         import torch
 
-        from agentrig.packing import collate_rows
+        from agentrig.train.packing import collate_rows
 
         chosen, rejected = zip(*(pair_rows(PreferencePair("", e["prompt_ids"], e["chosen_ids"], e["rejected_ids"]),
                                            self.max_len) for e in examples))
@@ -125,7 +125,7 @@ class PairCollator:
 
 def pair_logps(model: Any, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(chosen, rejected) summed completion log-probs, and each row's supervised token count (chosen rows first)."""
-    from agentrig.lmloss import sequence_logps
+    from agentrig.train.lmloss import sequence_logps
 
     out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], supervised_labels=batch["labels"])
     seq = sequence_logps(out["token_logps"], out["mask"])

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrig.errors import ConfigError, DataError
-from agentrig.packing import TokenizedSample
-from agentrig.trainconfig import TrainConfig, load_config
+from agentrig.train.packing import TokenizedSample
+from agentrig.train.trainconfig import TrainConfig, load_config
 
 
 @dataclass
@@ -98,7 +98,7 @@ def _setup_sft_data(config: TrainConfig) -> list[TokenizedSample]:
     if kind == "pairs":
         raise ConfigError(f"{path} holds preference pairs: use `stage: dpo` with `adapter_name_or_path`")
     # An episodes file: build it on the fly with the data pipeline, beside the run, for this model.
-    from agentrig.databuild import build_dataset
+    from agentrig.data.databuild import build_dataset
 
     built = Path(config.output_dir) / "data"
     if not (built / "tokenized.jsonl").is_file():
@@ -117,9 +117,9 @@ def _check_vocab(max_id: int, model: Any, source: str) -> None:
 
 def _setup_model(config: TrainConfig) -> Any:
     """The base model (fp32 on CPU, bf16 on capable GPUs) with the supervised-position head."""
-    from agentrig.attention import use_packed_attention
-    from agentrig.fused import fuse_gated_mlps
-    from agentrig.lmloss import add_supervised_head
+    from agentrig.train.attention import use_packed_attention
+    from agentrig.train.fused import fuse_gated_mlps
+    from agentrig.train.lmloss import add_supervised_head
     from agentrig.models import load_model
 
     try:
@@ -192,8 +192,8 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from datasets import Dataset
     from trl import SFTConfig
 
-    from agentrig.attention import NAME as PACKED_ATTENTION
-    from agentrig.packing import RowCollator, pack_rows, packing_stats
+    from agentrig.train.attention import NAME as PACKED_ATTENTION
+    from agentrig.train.packing import RowCollator, pack_rows, packing_stats
 
     samples = _setup_sft_data(config)
     truncated = sum(len(s.input_ids) > config.max_seq_length for s in samples)
@@ -221,8 +221,8 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from peft import PeftModel
     from transformers import TrainingArguments
 
-    from agentrig.dpo import PairCollator, compute_logps, dpo_trainer_class, load_pairs
-    from agentrig.trainlog import progress_bar
+    from agentrig.train.dpo import PairCollator, compute_logps, dpo_trainer_class, load_pairs
+    from agentrig.train.trainlog import progress_bar
 
     if not config.adapter_name_or_path:
         raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
@@ -304,9 +304,9 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
     import transformers
     from transformers import PrinterCallback
 
-    from agentrig.export import check_vllm_adapter
+    from agentrig.train.export import check_vllm_adapter
     from agentrig.models import load_tokenizer
-    from agentrig.trainlog import ProgressCallback, TokenMeter, loss_history, save_loss_curve
+    from agentrig.train.trainlog import ProgressCallback, TokenMeter, loss_history, save_loss_curve
 
     # transformers 5 warns about its own renamed flags on every run; nothing for our users to act on.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")

@@ -5,14 +5,13 @@ together: `run_episodes` advances all live episodes one round at a time and hand
 `generate_batch` call per round. Rules: termination (final answer, max steps, token budget, wall
 clock, the identical call repeated), the recovery rule (a tool failing N times in a row gets a notice
 to switch tools or tell the user), and the memory area (`note` or the context budget compress finished
-turns). Every decision is recorded so `context_at(episode, i)` rebuilds what the model saw at step i.
+turns). Every decision is recorded so `context_at(episode, i)` (`transcript.py`) rebuilds what the model
+saw at step i. The policy interface is `policy.py`.
 No model output raises out of here; a policy that raises is our (or the user's) error and propagates.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import time
 import uuid
@@ -21,10 +20,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from agentrig.errors import AgentrigError
-from agentrig.memory import compress_point, extractive_summary, with_memory
-from agentrig.protocol import canonical_arguments, feedback, get_protocol
-from agentrig.tools import Tool, ToolSet
-from agentrig.trajectory import Defect, Episode, MemoryEvent, Step, TaskSpec, ToolCall, ToolResult
+from agentrig.harness.memory import compress_point, extractive_summary, with_memory
+from agentrig.harness.protocol import canonical_arguments, feedback, get_protocol
+from agentrig.harness.policy import PolicyReply, PolicyRequest, generate_batch
+from agentrig.harness.tools import Tool, ToolSet
+from agentrig.harness.transcript import assistant_message
+from agentrig.harness.trajectory import Defect, Episode, MemoryEvent, Step, TaskSpec, ToolCall, ToolResult
 
 ToolHook = Callable[[ToolCall, Callable[[], ToolResult]], ToolResult]
 """Wraps tool execution (fault injection): gets the call and a thunk that really executes it."""
@@ -45,27 +46,6 @@ class HarnessConfig:
     protocol: str = "hermes"
     memory: bool = True  # offer the built-in `note` tool and compress finished sub-goals
     keep_last_turns: int = 2  # turns kept verbatim when the context budget forces a compression
-
-
-@dataclass
-class PolicyRequest:
-    """What a policy sees: the exact context (OpenAI-style messages), the tools offered, the task."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    task: TaskSpec
-    step: int
-    episode_id: str = ""
-
-
-@dataclass
-class PolicyReply:
-    """A policy's answer: raw text, plus its training weight (0 = detour) and token counts."""
-
-    text: str
-    weight: float = 1.0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
 
 
 def approx_tokens(text: str) -> int:
@@ -96,31 +76,6 @@ def _history(history: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     if history[0].get("role") != "user":
         raise AgentrigError("a conversation history must start with its first user message")
     return [dict(m) for m in history]
-
-
-def assistant_message(step: Step, protocol: str = "hermes") -> dict[str, Any]:
-    """The canonical OpenAI-style assistant message of a step (what training renders)."""
-    if not step.calls and any(d.kind == "unparseable_call" for d in step.defects):
-        return {"role": "assistant", "content": step.raw_output}
-    msg: dict[str, Any] = {"role": "assistant", "content": step.text}
-    if step.calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-            for c in step.calls
-        ]
-    return msg
-
-
-def context_at(episode: Episode, i: int) -> list[dict[str, Any]]:
-    """The exact messages the policy saw at step i, memory compressions applied."""
-    start = episode.metadata.get("step_message_index", [])
-    if i >= len(start):
-        raise IndexError(f"episode {episode.episode_id} has no step {i}")
-    events = [e for e in episode.memory_events if e.before_step <= i]
-    upto = max([2] + [e.upto_message for e in events])
-    system = {"role": "system", "content": with_memory(episode.system_prompt, [e.summary for e in events])}
-    return [system, episode.messages_full[1]] + episode.messages_full[upto : start[i]]
 
 
 class EpisodeRunner:
@@ -191,7 +146,7 @@ class EpisodeRunner:
             self._compress_for_budget()
             messages = self.context()
         ep.metadata["step_message_index"].append(len(ep.messages_full))
-        return PolicyRequest(messages, ep.tools, ep.task, len(ep.steps), ep.episode_id)
+        return PolicyRequest(messages, ep.tools, ep.task, len(ep.steps), ep.episode_id, self.proto.name)
 
     def submit(self, reply: str | PolicyReply) -> None:
         """Apply the policy's reply: parse, validate, execute, observe, and decide whether to go on."""
@@ -312,50 +267,6 @@ class EpisodeRunner:
         self.episode.termination = reason
         self.episode.wall_s = time.perf_counter() - self.started
         return None
-
-
-# -- policies ---------------------------------------------------------------------------------
-
-
-class ScriptedPolicy:
-    """Replays prepared replies in order (one list, or one list per task id). Used by tests and demos."""
-
-    def __init__(self, replies: Sequence[str | PolicyReply] | dict[str, Sequence[str | PolicyReply]]):
-        self._by_task = {k: deque(v) for k, v in replies.items()} if isinstance(replies, dict) else None
-        self._queue = deque(replies) if not isinstance(replies, dict) else deque()
-
-    def generate(self, request: PolicyRequest) -> str | PolicyReply:
-        """The next prepared reply (for this task, when replies are keyed by task id)."""
-        q = self._by_task.get(request.task.id) if self._by_task is not None else self._queue
-        if not q:
-            raise AgentrigError(f"ScriptedPolicy ran out of replies at step {request.step} of task {request.task.id!r}")
-        return q.popleft()
-
-
-def generate_batch(policy: Any, requests: list[PolicyRequest]) -> list[str | PolicyReply]:
-    """Call any kind of policy on a batch: generate_batch, async agenerate, generate, or a plain callable."""
-    if hasattr(policy, "generate_batch"):
-        replies = list(policy.generate_batch(requests))
-    elif hasattr(policy, "agenerate"):
-        async def gather() -> list[Any]:
-            return list(await asyncio.gather(*(policy.agenerate(r) for r in requests)))
-
-        replies = asyncio.run(gather())
-    elif hasattr(policy, "generate"):
-        replies = [policy.generate(r) for r in requests]
-    elif callable(policy):
-        if inspect.iscoroutinefunction(policy):
-            async def gather_fn() -> list[Any]:
-                return list(await asyncio.gather(*(policy(r) for r in requests)))
-
-            replies = asyncio.run(gather_fn())
-        else:
-            replies = [policy(r) for r in requests]
-    else:
-        raise AgentrigError(f"{type(policy).__name__} is not a policy: give it generate(request) or make it callable")
-    if len(replies) != len(requests):
-        raise AgentrigError(f"policy returned {len(replies)} replies for {len(requests)} requests")
-    return replies
 
 
 def run_episode(

@@ -5,7 +5,7 @@ serves ranks up to `--max-lora-rank` (default 16, one of a fixed set of sizes). 
 reads `adapter_config.json` and says what is wrong, or gives the matching `vllm serve` command.
 
 Export merges the LoRA weights into the base model and writes safetensors, the tokenizer and the
-tool-calling chat template the training data was rendered with (`agentrig.render.Renderer`: the model's
+tool-calling chat template the training data was rendered with (`agentrig.data.render.Renderer`: the model's
 own template when it renders tools, else `templates/hermes_chatml.v1.jinja`), so that
 `AutoModelForCausalLM.from_pretrained(OUT)` and `vllm serve OUT` both work with no adapter at all.
 """
@@ -84,7 +84,7 @@ def check_vllm_adapter(adapter_dir: str | Path, base_model: str | None = None) -
 
 def _base_model_name(adapter_dir: Path, cfg: dict) -> str:
     """The base model as the user named it (our resolved config) or as PEFT recorded it."""
-    from agentrig.trainconfig import RESOLVED_CONFIG_NAME
+    from agentrig.train.trainconfig import RESOLVED_CONFIG_NAME
 
     resolved = adapter_dir / RESOLVED_CONFIG_NAME
     if resolved.is_file():
@@ -98,7 +98,7 @@ def export_merged(adapter_dir: str | Path, out_dir: str | Path, base_model: str 
     from peft import PeftModel
 
     from agentrig.models import load_model, load_tokenizer
-    from agentrig.render import Renderer
+    from agentrig.data.render import Renderer
 
     check = check_vllm_adapter(adapter_dir, base_model)
     if not check.base_model:

@@ -30,8 +30,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from agentrig.errors import AgentrigError
-from agentrig.protocol import feedback
-from agentrig.trajectory import FieldError, ToolCall, ToolResult
+from agentrig.harness.protocol import feedback
+from agentrig.harness.trajectory import FieldError, ToolCall, ToolResult
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_OUTPUT_CHARS = 4000

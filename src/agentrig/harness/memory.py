@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrig.protocol import feedback
+from agentrig.harness.protocol import feedback
 
 SUMMARY_RESULT_CHARS = 80
 SUMMARY_MAX_CHARS = 400

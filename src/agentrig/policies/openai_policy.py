@@ -24,7 +24,7 @@ import httpx
 
 from agentrig.errors import AgentrigError
 from agentrig.harness import PolicyReply, PolicyRequest
-from agentrig.trajectory import ToolCall
+from agentrig.harness.trajectory import ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 TOOL_CALL_OPEN = "<tool_call>"
@@ -177,7 +177,7 @@ def calls_to_text(content: str, server_calls: list[dict[str, Any]], protocol: st
     A call whose `arguments` string is not JSON is written verbatim inside a tool-call block, so the
     harness's parser sees (and reports) the model's mistake instead of it vanishing here.
     """
-    from agentrig.protocol import get_protocol
+    from agentrig.harness.protocol import get_protocol
 
     calls: list[ToolCall] = []
     broken: list[str] = []

@@ -20,7 +20,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Protocol as TypingProtocol
 
-from agentrig.trajectory import Defect, Repair, ToolCall
+from agentrig.harness.trajectory import Defect, Repair, ToolCall
 
 DEFECT_KINDS = (
     "unparseable_call",
@@ -35,7 +35,7 @@ MAX_REPAIR_CHARS = 20_000  # longer blocks are not worth repairing (and json_rep
 
 @lru_cache(maxsize=1)
 def _templates() -> dict[str, Any]:
-    return json.loads(resources.files("agentrig").joinpath("feedback.json").read_text(encoding="utf-8"))
+    return json.loads(resources.files("agentrig.harness").joinpath("feedback.json").read_text(encoding="utf-8"))
 
 
 def feedback(kind: str, **fields: Any) -> str:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from agentrig.errors import ConfigError
-from agentrig.protocol import feedback
-from agentrig.trajectory import ToolCall, ToolResult
+from agentrig.harness.protocol import feedback
+from agentrig.harness.trajectory import ToolCall, ToolResult
 
 FAULT_KINDS = ("timeout", "no_result", "error_503", "error_429", "permission_denied", "truncated", "malformed",
                "schema_drift")

@@ -1,8 +1,8 @@
 """`agentrig data build | inspect | pairs`: the command line of the data stage.
 
-`build` turns episode files into checked training data (`agentrig.databuild.build_dataset`) and optional
+`build` turns episode files into checked training data (`agentrig.data.databuild.build_dataset`) and optional
 exports; `inspect` prints samples with the supervised tokens highlighted, so a person sees what the model
-will learn; `pairs` writes DPO preference pairs (`agentrig.pairs`). Heavy imports happen inside `main`.
+will learn; `pairs` writes DPO preference pairs (`agentrig.data.pairs`). Heavy imports happen inside `main`.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from agentrig.databuild import build_dataset
-    from agentrig.exports import export_samples
-    from agentrig.samples import Sample
+    from agentrig.data.databuild import build_dataset
+    from agentrig.data.exports import export_samples
+    from agentrig.data.samples import Sample
 
     report = build_dataset(args.inputs, args.out, model=args.model, max_seq_length=args.max_seq_length,
                            skip_bad=args.skip_bad, bfcl_check=not args.no_bfcl_check)
@@ -108,9 +108,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    from agentrig.databuild import BuildReport, read_records
-    from agentrig.pairs import build_pairs, mix_pairs
-    from agentrig.trajectory import Episode
+    from agentrig.data.databuild import BuildReport, read_records
+    from agentrig.data.pairs import build_pairs, mix_pairs
+    from agentrig.harness.trajectory import Episode
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1 (got {args.limit})")
@@ -128,7 +128,7 @@ def _pairs(args: argparse.Namespace) -> int:
             row = pair.trl() if args.format == "trl" else pair.llamafactory()
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     if args.format == "llamafactory":
-        from agentrig.exports import dataset_info
+        from agentrig.data.exports import dataset_info
 
         (out.parent / "dataset_info.json").write_text(json.dumps(dataset_info(out.name, ranking=True), indent=2) + "\n")
     summary["lines_skipped"] = report.lines_skipped
