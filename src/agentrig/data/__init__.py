@@ -1,0 +1,8 @@
+"""Training data: episodes collected from a teacher, then samples, tokens, exports and preference pairs.
+
+Holds collection (`collect.py`, `augment.py`), the episode-to-sample cut and rendering (`samples.py`,
+`render.py`, `templates/`), the build and its CLI (`databuild.py`, `datacli.py`), export formats
+(`exports.py`) and DPO pairs (`pairs.py`). May import: `agentrig.harness`, `agentrig.envs` and the
+top-level helpers (`errors`, `jsonl`, `models`); never training or evaluation. One exception: `collect.py`
+builds a model or API teacher from `agentrig.policies`, imported inside the function that needs it.
+"""
