@@ -1,11 +1,14 @@
-"""The documented custom environment (examples/my_env.py) loads, runs and is checked."""
+"""The documented custom environment (examples/my_env.py) loads, runs, is checked, and gets every collect feature."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from agentrig.data.collect import CollectConfig, run_collect
 from agentrig.envs import load_env
 from agentrig.errors import ConfigError
 from agentrig.harness import HarnessConfig, run_episode
@@ -38,3 +41,54 @@ def test_load_env_errors_name_the_problem(tmp_path):
         load_env(f"{f}:make_env")
     with pytest.raises(ConfigError, match="no function"):
         load_env(f"{f}:other")
+
+
+def _collect(tmp_path, name, *flags):
+    from agentrig.cli import main
+
+    out = tmp_path / f"{name}.jsonl"
+    assert main(["collect", "--env", f"{EXAMPLE}:make_env", "--episodes", "40", "--faults", "0", "--seed", "0",
+                 "--out", str(out), "--no-progress", *flags]) == 0
+    return [json.loads(x) for x in out.read_text().splitlines()]
+
+
+def _tool_calls(eps):
+    """Calls per tool under the original names (what --balance evens out)."""
+    counts = Counter()
+    for e in eps:
+        back = {v: k for k, v in (e["task"]["metadata"].get("rename") or {}).get("tools", {}).items()}
+        counts.update(back.get(c["name"], c["name"]) for s in e["steps"] for c in s["calls"] if s["weight"] > 0)
+    return counts
+
+
+def test_example_env_gets_balance_rename_and_detours(tmp_path):
+    plain = _collect(tmp_path, "plain", "--detours", "0")
+    eps = _collect(tmp_path, "aug", "--balance", "--rename", "0.5", "--detours", "0.3")
+    assert len(eps) == 40 and all(e["success"] for e in eps)
+    # renaming: the environment's aliases are offered and called, consistently within an episode
+    renamed = [e for e in eps if (e["task"]["metadata"].get("rename") or {}).get("tools")]
+    assert 10 <= len(renamed) <= 30
+    for e in renamed:
+        names = {c["name"] for s in e["steps"] if s["weight"] > 0 for c in s["calls"]}
+        assert names <= set(e["task"]["allowed_tools"]) and set(e["task"]["metadata"]["rename"]["tools"].values()) >= names
+        assert {"price_of", "cart_add"} <= names
+    # balance: the family draw shifts toward checkout, so the three tools are called more evenly
+    share = lambda es: sum(e["task"]["family"] == "checkout" for e in es) / len(es)  # noqa: E731
+    assert share(eps) > share(plain) + 0.2
+    evenness = lambda c: min(c.values()) / max(c.values())  # noqa: E731
+    assert evenness(_tool_calls(eps)) > evenness(_tool_calls(plain))
+    # detours: the expert got the rate and seed collect records; a detour is a rejected step of weight 0
+    detoured = [e for e in eps if e["steps"][0]["weight"] == 0.0]
+    assert 4 <= len(detoured) <= 24 and not any(s["weight"] == 0.0 for e in plain for s in e["steps"])
+    assert all(e["steps"][0]["defects"][0]["kind"] == "unknown_tool" for e in detoured)
+    meta = json.loads((tmp_path / "aug.jsonl.meta.json").read_text())
+    assert meta["detours"] == 0.3 and meta["balance"] is True and meta["rename"] == 0.5
+
+
+def test_collect_features_an_environment_lacks_are_named(tmp_path):
+    bare = f"{Path(__file__).parent / 'test_evaluate.py'}:make_env"
+    for flag, message in (("--rename", "tool_aliases"), ("--balance", "families")):
+        cfg = CollectConfig(env=bare, episodes=2, out=str(tmp_path / "x.jsonl"), teacher="expert",
+                            rename=0.5 if flag == "--rename" else 0.0, balance=flag == "--balance")
+        with pytest.raises(ConfigError, match=message):
+            run_collect(cfg, progress=False)

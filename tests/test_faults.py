@@ -10,8 +10,12 @@ from agentrig.envs import load_env
 from agentrig.errors import ConfigError
 from agentrig.harness.faults import FAULT_KINDS, FaultConfig, drift
 from agentrig.harness import HarnessConfig, run_episode
+from agentrig.envs.datadesk import DatadeskEnv
 from agentrig.envs.datadesk.teacher import ExpertTeacher
 from agentrig.harness.trajectory import ToolCall, ToolResult
+
+# datadesk's tool facts, as collect and eval pass them (Environment.side_effect_tools, drift_names)
+DATADESK = {"no_mutate": DatadeskEnv.side_effect_tools, "drift_names": DatadeskEnv.drift_names}
 
 
 def _ok(call):
@@ -40,7 +44,7 @@ def test_same_seed_same_faults_and_rates_per_kind():
 
 def test_each_kind_looks_real_and_timeouts_are_not_slept():
     for kind in FAULT_KINDS:
-        (r,) = _run(FaultConfig(rates={kind: 1.0}), 0, 1)
+        (r,) = _run(FaultConfig(rates={kind: 1.0}, **DATADESK), 0, 1)
         assert r.fault == kind
         if kind == "timeout":
             assert "timed out after 10 s" in r.content and r.duration_s == 0.0 and not r.ok
@@ -50,10 +54,11 @@ def test_each_kind_looks_real_and_timeouts_are_not_slept():
             with pytest.raises(json.JSONDecodeError):
                 json.loads(r.content)
     assert drift("[1, 2]", __import__("random").Random(0)) is None
+    assert drift('{"price": 2}', __import__("random").Random(0)) == '{"price_v2": 2}'  # no names: a suffix
 
 
 def test_side_effect_tools_only_get_faults_that_stop_the_call():
-    cfg = FaultConfig(rates={"truncated": 1.0})
+    cfg = FaultConfig(rates={"truncated": 1.0}, **DATADESK)
     hook = cfg.injector(0, renames={"send_report": "email_report"})
     ran = []
     call = ToolCall("c", "email_report", {})
@@ -71,7 +76,7 @@ def test_bad_rates_are_config_errors():
 
 def test_faults_are_recorded_in_the_episode_and_reproducible():
     env = load_env("datadesk")
-    cfg = FaultConfig.from_total(0.6)
+    cfg = FaultConfig.from_total(0.6, **DATADESK)
     task = next(t for t in env.tasks("train", 50, seed=2) if t.family == "long_task")
 
     def once():

@@ -137,7 +137,7 @@ def test_detour_is_rejected_weighted_zero_and_corrected(env):
 def test_renamed_tools_are_used_consistently(env):
     task = _task(env, "currency_aggregation")
     tools, state = env.setup(task)
-    task, tools = apply_rename(task, tools, random.Random(1))
+    task, tools = apply_rename(task, tools, random.Random(1), env.tool_aliases, env.param_aliases)
     mapping = task.metadata["rename"]["tools"]
     ep = run_episode(task, tools, ExpertTeacher(), HarnessConfig(), episode_id=task.id)
     res = env.check(task, state, ep)
@@ -147,7 +147,7 @@ def test_renamed_tools_are_used_consistently(env):
 
 
 def test_most_faulted_episodes_still_succeed(env):
-    cfg = FaultConfig.from_total(0.25)
+    cfg = FaultConfig.from_total(0.25, no_mutate=env.side_effect_tools, drift_names=env.drift_names)
     ok = total = 0
     for i, task in enumerate(env.tasks("train", 80, seed=11)):
         ep, res, _ = _run(env, task, hook=cfg.injector(i))

@@ -1,10 +1,11 @@
 """Augmentation (seed section 4.2): paraphrase, consistent per-episode renaming, tool-frequency balance.
 
-- Paraphrase: every family has several templates (`envs/datadesk/tasks.py`); `paraphrase` adds light
-  rewriting on top (politeness wrappers, casing, punctuation), seeded per episode.
+- Paraphrase: an environment's families have their own phrasings (datadesk: `envs/datadesk/tasks.py`);
+  `paraphrase` adds environment-independent light rewriting on top (politeness wrappers, casing, punctuation), seeded per episode.
 - Renaming: `rename_spec` picks, per episode, new names and descriptions for the offered tools and new
-  names for some parameters; `renamed_toolset` applies it consistently (the allowlist too), and the
-  task records it in `metadata["rename"]` so the expert teacher writes the renamed calls.
+  names for some parameters, from the environment's alias tables (`Environment.tool_aliases`,
+  `param_aliases`; datadesk's are in `envs/datadesk/tools.py`); `apply_rename` applies it consistently
+  (the allowlist too), and the task records it in `metadata["rename"]` so the expert writes the renamed calls.
 - Balance: `tool_frequencies` counts calls in episodes; `flatten_weights` turns the tools each family
   needs into family weights that even out how often each tool is used.
 - Detours (a wrong step the harness rejects, weight 0, then the correction) are written by the teacher
@@ -17,43 +18,11 @@ import copy
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from agentrig.harness.tools import Tool, ToolSet
 from agentrig.harness.trajectory import Episode, TaskSpec
 
-TOOL_ALIASES: dict[str, list[tuple[str, str]]] = {
-    "find_customer": [("lookup_customer", "Look up one customer record by the customer's full name."),
-                      ("customer_search", "Search the customer directory for an exact full name.")],
-    "list_orders": [("get_orders", "Fetch all orders a customer placed in a given month, plus their total."),
-                    ("customer_orders", "Orders of one customer for one month, with the month's total.")],
-    "sales_total": [("region_sales", "Sum of all sales in one region for one month (region currency)."),
-                    ("monthly_revenue", "Monthly revenue total of a sales region, in its own currency.")],
-    "top_products": [("best_sellers", "Products with the most units sold in a region during a month."),
-                     ("product_ranking", "Ranks products by units sold for one region and month.")],
-    "find_product": [("product_lookup", "Look up a product by its name to get SKU, category and price."),
-                     ("search_catalog", "Find a catalogue item by exact product name.")],
-    "stock_level": [("inventory_count", "Current units on hand for a SKU, total and per warehouse."),
-                    ("check_stock", "How many units of a SKU are in stock right now.")],
-    "exchange_rate": [("fx_rate", "Currency conversion rate for a month: 1 from-unit in to-units."),
-                      ("currency_rate", "Monthly exchange rate between two ISO currencies.")],
-    "region_info": [("region_details", "Details of a sales region: currency, manager contact, customer count."),
-                    ("describe_region", "Facts about one region, including the manager's e-mail.")],
-    "calculator": [("calc", "Evaluates an arithmetic expression safely."),
-                   ("compute", "Computes the value of a numeric expression.")],
-    "send_report": [("email_report", "E-mail a written report to one recipient."),
-                    ("dispatch_report", "Sends a report message to an e-mail address.")],
-    "list_tables": [("show_tables", "Names of all tables in the database.")],
-    "describe_table": [("table_schema", "Column names and types of a database table.")],
-    "run_sql": [("sql_query", "Execute a single read-only SELECT against the database (max 50 rows)."),
-                ("query_db", "Read-only SQL: one SELECT statement, at most 50 rows back.")],
-}
-PARAM_ALIASES: dict[str, list[str]] = {
-    "month": ["period", "year_month"], "region": ["region_name", "area"], "customer_id": ["client_id", "cust_id"],
-    "name": ["full_name", "query_name"], "sku": ["product_code", "item_sku"], "expression": ["expr", "formula"],
-    "query": ["sql", "statement"], "from_currency": ["base"], "to_currency": ["quote"], "limit": ["top_n", "count"],
-    "to": ["recipient"], "table": ["table_name"],
-}
 _PREFIXES = ["", "", "Please: ", "Quick question. ", "Hi! ", "Could you help? ", "For the weekly review: "]
 _SUFFIXES = ["", "", " Thanks!", " Thank you.", " Keep it short.", " ASAP please."]
 
@@ -80,26 +49,32 @@ def paraphrase(prompt: str, rng: random.Random) -> str:
     return f"{prefix}{out}{suffix}".strip()
 
 
-def rename_spec(tools: Iterable[str], rng: random.Random) -> dict[str, Any]:
-    """New names/descriptions for the given tools and some of their parameters (consistent in one episode)."""
+def rename_spec(tools: Iterable[str], rng: random.Random,
+                aliases: Mapping[str, list[tuple[str, str]]]) -> dict[str, Any]:
+    """New names/descriptions for the given tools (consistent in one episode); tools without aliases keep theirs."""
     spec: dict[str, Any] = {"tools": {}, "descriptions": {}, "params": {}}
     for name in tools:
-        if name not in TOOL_ALIASES:
+        if name not in aliases:
             continue
-        new, desc = rng.choice(TOOL_ALIASES[name])
+        new, desc = rng.choice(aliases[name])
         spec["tools"][name] = new
         spec["descriptions"][name] = desc
     return spec
 
 
-def _param_map(tool: Tool, rng: random.Random) -> dict[str, str]:
-    return {p: rng.choice(PARAM_ALIASES[p]) for p in tool.parameters.get("properties", {})
-            if p in PARAM_ALIASES and rng.random() < 0.5}
+def _param_map(tool: Tool, rng: random.Random, aliases: Mapping[str, list[str]]) -> dict[str, str]:
+    return {p: rng.choice(aliases[p]) for p in tool.parameters.get("properties", {})
+            if p in aliases and rng.random() < 0.5}
 
 
-def apply_rename(task: TaskSpec, toolset: ToolSet, rng: random.Random) -> tuple[TaskSpec, ToolSet]:
-    """Rename the task's offered tools (and some parameters) consistently; the task records the mapping."""
-    spec = rename_spec(task.allowed_tools, rng)
+def apply_rename(task: TaskSpec, toolset: ToolSet, rng: random.Random,
+                 tool_aliases: Mapping[str, list[tuple[str, str]]],
+                 param_aliases: Mapping[str, list[str]]) -> tuple[TaskSpec, ToolSet]:
+    """Rename the task's offered tools (and some parameters) consistently; the task records the mapping.
+
+    The aliases are the environment's (`Environment.tool_aliases`, `Environment.param_aliases`).
+    """
+    spec = rename_spec(task.allowed_tools, rng, tool_aliases)
     renamed: list[Tool] = []
     for name in task.allowed_tools:
         t = toolset.get(name)
@@ -107,7 +82,7 @@ def apply_rename(task: TaskSpec, toolset: ToolSet, rng: random.Random) -> tuple[
         if name not in spec["tools"]:
             renamed.append(t)
             continue
-        params = _param_map(t, rng)
+        params = _param_map(t, rng, param_aliases)
         if params:
             spec["params"][name] = params
         renamed.append(t.renamed(spec["tools"][name], spec["descriptions"][name], params))

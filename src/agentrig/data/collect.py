@@ -100,9 +100,13 @@ def _setup_worker(cfg: CollectConfig) -> None:
     from agentrig.harness import HarnessConfig
 
     env = load_env(cfg.env)
+    if cfg.rename > 0 and not env.tool_aliases:
+        raise ConfigError(f"--rename needs other names for the tools, and environment {env.name!r} has none: "
+                          "set its `tool_aliases` (and `param_aliases`), see docs/environments.md")
+    facts: dict[str, Any] = {"no_mutate": tuple(env.side_effect_tools), "drift_names": dict(env.drift_names)}
+    faults = FaultConfig(rates=cfg.fault_rates, **facts) if cfg.fault_rates else FaultConfig.from_total(cfg.faults, **facts)
     _WORKER.clear()
-    _WORKER.update(cfg=cfg, env=env, harness=HarnessConfig(max_steps=cfg.max_steps),
-                   faults=FaultConfig(rates=cfg.fault_rates) if cfg.fault_rates else FaultConfig.from_total(cfg.faults),
+    _WORKER.update(cfg=cfg, env=env, harness=HarnessConfig(max_steps=cfg.max_steps), faults=faults,
                    augment=Augment(paraphrase=cfg.paraphrase, rename=cfg.rename, detour_rate=cfg.detours,
                                    balance=cfg.balance),
                    weights=_family_weights(env, cfg))
@@ -113,21 +117,15 @@ def _setup_worker(cfg: CollectConfig) -> None:
 def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
     if not cfg.balance:
         return None
-    from agentrig.envs.datadesk.tasks import FAMILIES
-
-    if env.name != "datadesk":
-        raise ConfigError("--balance needs an environment with known family tools (datadesk)")
-    sample = env.tasks(cfg.split, 200, seed=10_000 + cfg.seed)
-    tools = {t.family: list(t.expected.get("needed_tools", [])) for t in sample}
-    return flatten_weights({f: tools.get(f, []) for f in FAMILIES})
+    family_tools = env.families(cfg.split, seed=cfg.seed)
+    if not family_tools:
+        raise ConfigError(f"--balance needs the task families of environment {env.name!r} and the tools each needs: "
+                          "give it `families(split, seed)`, see docs/environments.md")
+    return flatten_weights(family_tools)
 
 
 def _expert(env: Any, cfg: CollectConfig) -> Any:
-    from agentrig.envs.datadesk.teacher import ExpertTeacher
-
-    if env.name == "datadesk":
-        return ExpertTeacher(detour_rate=cfg.detours, seed=cfg.seed)
-    expert = env.expert()
+    expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")
     return expert
@@ -145,7 +143,7 @@ def prepare(index: int) -> tuple[Any, Any, Any, Any]:
     if aug.paraphrase and rng.random() < aug.paraphrase:
         task.prompt = paraphrase(task.prompt, rng)
     if aug.rename and cfg.split == "train" and rng.random() < aug.rename:
-        task, tools = apply_rename(task, tools, rng)
+        task, tools = apply_rename(task, tools, rng, env.tool_aliases, env.param_aliases)
     task.metadata["collect"] = {"index": index, "seed": cfg.seed, "teacher": cfg.teacher}
     renames = (task.metadata.get("rename") or {}).get("tools")
     hook = _WORKER["faults"].injector(f"{cfg.seed}/{index}", renames) if _WORKER["faults"].total > 0 else None

@@ -2,13 +2,22 @@
 
 An environment is a subclass of `Environment` with three methods:
 
-- `tasks(split, n, seed, start=0)`: n `TaskSpec`s of a split; task i depends only on (split, seed, start+i),
-  so collections can resume and shard. Each task carries `allowed_tools` (needed tools + distractors)
-  and its flags in `metadata` (`impossible`, `no_tool`).
+- `tasks(split, n, seed, start=0, family_weights=None)`: n `TaskSpec`s of a split; task i depends only on
+  (split, seed, start+i), so collections can resume and shard. Each task carries `allowed_tools` (needed
+  tools + distractors) and its flags in `metadata` (`impossible`, `no_tool`). `family_weights` reweights
+  the draw of task families (`collect --balance`); an environment without families ignores it.
 - `setup(task) -> (ToolSet, state)`: the tools bound to a fresh state for one episode, with the task's allowlist.
 - `check(task, state, episode) -> CheckResult`: success from the final state and the final answer.
 
-`expert()` optionally returns a programmatic teacher policy for `agentrig collect --teacher expert`.
+Optional, each feeding one `agentrig collect` feature; the defaults switch the feature off, and a flag that
+needs one says so:
+
+- `expert(detour_rate, seed)`: a programmatic teacher policy (`--teacher expert`, `--detours`).
+- `families(split, seed)`: family -> the tools its tasks need (`--balance`).
+- `tool_aliases`, `param_aliases`: other names and descriptions for tools and parameters (`--rename`).
+- `drift_names`: how a `schema_drift` fault renames an output field (others get a `_v2` suffix).
+- `side_effect_tools`: tools that change the state; faults only ever stop them before they run.
+
 Custom environments live in a user file and are loaded with `load_env("path/to/file.py:make_env")`.
 """
 
@@ -17,7 +26,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 from agentrig.harness.tools import ToolSet
 from agentrig.harness.trajectory import Episode, TaskSpec
@@ -49,10 +58,21 @@ class Environment(ABC):
 
     name: str = "env"
     splits: tuple[str, ...] = SPLITS
+    # tool -> [(new name, new description), ...] and parameter -> [new name, ...], drawn per episode by --rename
+    tool_aliases: ClassVar[Mapping[str, list[tuple[str, str]]]] = {}
+    param_aliases: ClassVar[Mapping[str, list[str]]] = {}
+    # output field -> its name after a schema_drift fault (a plausible new API version)
+    drift_names: ClassVar[Mapping[str, str]] = {}
+    # tools with side effects: a fault that needs the real output is replaced by one that stops the call
+    side_effect_tools: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
-    def tasks(self, split: str, n: int, seed: int = 0, start: int = 0) -> list[TaskSpec]:
-        """Tasks start..start+n-1 of `split` for `seed`; each depends only on (split, seed, index)."""
+    def tasks(self, split: str, n: int, seed: int = 0, start: int = 0,
+              family_weights: dict[str, float] | None = None) -> list[TaskSpec]:
+        """Tasks start..start+n-1 of `split` for `seed`; each depends only on (split, seed, index).
+
+        `family_weights` (family -> relative weight, 1.0 when missing) reweights the family draw.
+        """
 
     @abstractmethod
     def setup(self, task: TaskSpec) -> tuple[ToolSet, Any]:
@@ -62,9 +82,20 @@ class Environment(ABC):
     def check(self, task: TaskSpec, state: Any, episode: Episode) -> CheckResult:
         """Decide success from the episode's final state and final answer."""
 
-    def expert(self) -> Any | None:
-        """A programmatic teacher policy for this environment, or None when it has none."""
+    def expert(self, detour_rate: float = 0.0, seed: int = 0) -> Any | None:
+        """A programmatic teacher policy for this environment, or None when it has none.
+
+        `detour_rate`: the share of episodes in which it first writes a wrong step with weight 0 (a detour the
+        harness rejects, masked in training) before the right one; `seed` seeds that choice.
+        """
         return None
+
+    def families(self, split: str, seed: int = 0) -> dict[str, list[str]]:
+        """The task families of `split`, each with the tools its tasks need; empty when there are none.
+
+        `collect --balance` turns these into `family_weights` that even out how often each tool is called.
+        """
+        return {}
 
     def close(self, state: Any) -> None:
         """Release an episode's state (connections, files); the default does nothing."""

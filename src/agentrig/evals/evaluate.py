@@ -68,13 +68,14 @@ class EvalResult:
         return 60.0 * len(self.episodes) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _fault_hook(rate: float, seed: int, task: TaskSpec, trial: int) -> ToolHook | None:
-    """The seeded fault injector of one episode (None when faults are off)."""
+def _fault_hook(rate: float, seed: int, task: TaskSpec, trial: int, env: Any) -> ToolHook | None:
+    """The seeded fault injector of one episode (None when faults are off), with the environment's tool facts."""
     if rate <= 0:
         return None
     from agentrig.harness.faults import FaultConfig
 
-    return FaultConfig.from_total(rate).injector(f"{seed}/{task.id}/{trial}")
+    faults = FaultConfig.from_total(rate, no_mutate=tuple(env.side_effect_tools), drift_names=dict(env.drift_names))
+    return faults.injector(f"{seed}/{task.id}/{trial}")
 
 
 def run_eval(
@@ -111,7 +112,7 @@ def run_eval(
         for task, trial in part:
             tools, state = env.setup(task)
             states.append(state)
-            harness_jobs.append((task, tools, _fault_hook(config.faults, config.seed, task, trial)))
+            harness_jobs.append((task, tools, _fault_hook(config.faults, config.seed, task, trial, env)))
 
         def done(k: int, episode: Episode, part: list[tuple[TaskSpec, int]] = part, states: list[Any] = states) -> None:
             task, trial = part[k]

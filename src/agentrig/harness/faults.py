@@ -6,6 +6,8 @@ Kinds (seed section 4.3): `timeout` (simulated with the harness's own timeout te
 `schema_drift` (one field of the real JSON output renamed). Each call draws once from a per-episode RNG,
 so the same seed and the same calls give the same faults. Faults that need the real output run the
 tool first; tools with side effects (`no_mutate`) only get faults that stop the call before it runs.
+Which tools have side effects and how drift renames fields are the environment's facts
+(`Environment.side_effect_tools`, `Environment.drift_names`), passed in by whoever builds the config.
 The built-in `note` tool is never faulted (the harness handles it before this hook anyway).
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from agentrig.errors import ConfigError
 from agentrig.harness.protocol import feedback
@@ -31,21 +33,14 @@ _ERRORS = {
     "error_429": "Error: 429 Too Many Requests: rate limit exceeded for {tool}. Retry after a short wait.",
     "permission_denied": "Error: permission denied: this account is not allowed to use {tool} on that data.",
 }
-# How a drifted field is renamed (a plausible new API version); unknown fields get a "_v2" suffix.
-DRIFT_NAMES = {"total": "total_amount", "on_hand": "qty_on_hand", "rate": "fx_rate", "customer_id": "cust_id",
-               "region": "region_name", "products": "items", "orders": "order_list", "result": "value",
-               "rows": "data", "manager_email": "manager_contact", "tickets": "ticket_list", "counts": "by_status",
-               "currency": "ccy", "segment": "customer_segment", "sku": "product_code", "tables": "table_names",
-               "columns": "fields", "status": "state"}
-
-
 @dataclass
 class FaultConfig:
     """Per-kind fault rates (probability per tool call); their sum must be at most 1."""
 
     rates: dict[str, float] = field(default_factory=dict)
     timeout_s: float = 10.0  # the time the simulated timeout reports
-    no_mutate: tuple[str, ...] = ("send_report",)
+    no_mutate: tuple[str, ...] = ()  # tools with side effects (the environment's `side_effect_tools`)
+    drift_names: Mapping[str, str] = field(default_factory=dict)  # the environment's `drift_names`
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.rates if k not in FAULT_KINDS]
@@ -124,7 +119,7 @@ class FaultInjector:
             return real
         content = real.content
         if kind == "schema_drift":
-            drifted = drift(content, self.rng)
+            drifted = drift(content, self.rng, self.config.drift_names)
             if drifted is None:
                 kind = "truncated"
             else:
@@ -139,8 +134,11 @@ class FaultInjector:
         return ToolResult(call.id, call.name, broken, ok=False, duration_s=real.duration_s, fault=kind, error=kind)
 
 
-def drift(content: str, rng: random.Random) -> str | None:
-    """The JSON object `content` with one top-level field renamed, or None when it is not a JSON object."""
+def drift(content: str, rng: random.Random, names: Mapping[str, str] | None = None) -> str | None:
+    """The JSON object `content` with one top-level field renamed, or None when it is not a JSON object.
+
+    `names` maps a field to its drifted name; a field without one gets a "_v2" suffix.
+    """
     try:
         obj = json.loads(content)
     except json.JSONDecodeError:
@@ -148,5 +146,5 @@ def drift(content: str, rng: random.Random) -> str | None:
     if not isinstance(obj, dict) or not obj:
         return None
     key = rng.choice(sorted(obj))
-    new = DRIFT_NAMES.get(key, key + "_v2")
+    new = (names or {}).get(key, key + "_v2")
     return json.dumps({(new if k == key else k): v for k, v in obj.items()}, ensure_ascii=False)

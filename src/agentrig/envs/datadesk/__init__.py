@@ -1,7 +1,9 @@
 """The built-in `datadesk` environment: "look up and summarize the data I name" over a seeded SQLite business DB.
 
 `db.py` generates the database, `tools.py` defines the tools, `tasks.py` the task families and splits,
-`checker.py` the success rules. The expert teacher for these families is `agentrig.envs.datadesk.teacher`.
+`checker.py` the success rules, `teacher.py` the expert teacher for these families. Its facts for
+augmentation and faults (tool and parameter aliases, drift names, side-effect tools) are in `tools.py`,
+offered through the `Environment` attributes, so `collect` needs no datadesk-specific code.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 from agentrig.envs.base import CheckResult, Environment
 from agentrig.envs.datadesk.checker import check_datadesk
 from agentrig.envs.datadesk.db import ensure_db, open_readonly
-from agentrig.envs.datadesk.tasks import FAMILIES, UNSEEN_FAMILIES, TaskFactory
-from agentrig.envs.datadesk.tools import ALL_TOOLS, SEEN_TOOLS, DatadeskState, bind_tools
+from agentrig.envs.datadesk.tasks import FAMILIES, TaskFactory
+from agentrig.envs.datadesk.tools import (ALL_TOOLS, DRIFT_NAMES, PARAM_ALIASES, SEEN_TOOLS, SIDE_EFFECT_TOOLS,
+                                          TOOL_ALIASES, DatadeskState, bind_tools)
 from agentrig.harness.tools import ToolSet
 from agentrig.harness.trajectory import Episode, TaskSpec
 
@@ -23,7 +26,10 @@ class DatadeskEnv(Environment):
     """Seeded business-data tasks; the database is generated on first use into the agentrig cache."""
 
     name = "datadesk"
-    families = FAMILIES + UNSEEN_FAMILIES
+    tool_aliases = TOOL_ALIASES
+    param_aliases = PARAM_ALIASES
+    drift_names = DRIFT_NAMES
+    side_effect_tools = SIDE_EFFECT_TOOLS
 
     def __init__(self, db_seed: int = 0):
         self.db_seed = db_seed
@@ -62,8 +68,14 @@ class DatadeskEnv(Environment):
         """Close the episode's database connections."""
         state.close()
 
-    def expert(self) -> Any:
+    def families(self, split: str, seed: int = 0) -> dict[str, list[str]]:
+        """The seen families (in `FAMILIES` order), each with the tools a sample of 200 tasks of `split` needs."""
+        sample = self.tasks(split, 200, seed=10_000 + seed)
+        tools = {t.family: list(t.expected.get("needed_tools", [])) for t in sample}
+        return {f: tools.get(f, []) for f in FAMILIES}
+
+    def expert(self, detour_rate: float = 0.0, seed: int = 0) -> Any:
         """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`)."""
         from agentrig.envs.datadesk.teacher import ExpertTeacher
 
-        return ExpertTeacher()
+        return ExpertTeacher(detour_rate=detour_rate, seed=seed)

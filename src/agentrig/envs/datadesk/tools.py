@@ -547,3 +547,47 @@ def bind_tools(state: DatadeskState, names: list[str] | None = None) -> list[Too
         t.fn = getattr(api, name)
         out.append(t)
     return out
+
+
+# -- variants for augmentation and faults (Environment.tool_aliases, param_aliases, drift_names) ----
+
+TOOL_ALIASES: dict[str, list[tuple[str, str]]] = {
+    "find_customer": [("lookup_customer", "Look up one customer record by the customer's full name."),
+                      ("customer_search", "Search the customer directory for an exact full name.")],
+    "list_orders": [("get_orders", "Fetch all orders a customer placed in a given month, plus their total."),
+                    ("customer_orders", "Orders of one customer for one month, with the month's total.")],
+    "sales_total": [("region_sales", "Sum of all sales in one region for one month (region currency)."),
+                    ("monthly_revenue", "Monthly revenue total of a sales region, in its own currency.")],
+    "top_products": [("best_sellers", "Products with the most units sold in a region during a month."),
+                     ("product_ranking", "Ranks products by units sold for one region and month.")],
+    "find_product": [("product_lookup", "Look up a product by its name to get SKU, category and price."),
+                     ("search_catalog", "Find a catalogue item by exact product name.")],
+    "stock_level": [("inventory_count", "Current units on hand for a SKU, total and per warehouse."),
+                    ("check_stock", "How many units of a SKU are in stock right now.")],
+    "exchange_rate": [("fx_rate", "Currency conversion rate for a month: 1 from-unit in to-units."),
+                      ("currency_rate", "Monthly exchange rate between two ISO currencies.")],
+    "region_info": [("region_details", "Details of a sales region: currency, manager contact, customer count."),
+                    ("describe_region", "Facts about one region, including the manager's e-mail.")],
+    "calculator": [("calc", "Evaluates an arithmetic expression safely."),
+                   ("compute", "Computes the value of a numeric expression.")],
+    "send_report": [("email_report", "E-mail a written report to one recipient."),
+                    ("dispatch_report", "Sends a report message to an e-mail address.")],
+    "list_tables": [("show_tables", "Names of all tables in the database.")],
+    "describe_table": [("table_schema", "Column names and types of a database table.")],
+    "run_sql": [("sql_query", "Execute a single read-only SELECT against the database (max 50 rows)."),
+                ("query_db", "Read-only SQL: one SELECT statement, at most 50 rows back.")],
+}
+PARAM_ALIASES: dict[str, list[str]] = {
+    "month": ["period", "year_month"], "region": ["region_name", "area"], "customer_id": ["client_id", "cust_id"],
+    "name": ["full_name", "query_name"], "sku": ["product_code", "item_sku"], "expression": ["expr", "formula"],
+    "query": ["sql", "statement"], "from_currency": ["base"], "to_currency": ["quote"], "limit": ["top_n", "count"],
+    "to": ["recipient"], "table": ["table_name"],
+}
+# How a drifted field is renamed (a plausible new API version); unknown fields get a "_v2" suffix.
+DRIFT_NAMES = {"total": "total_amount", "on_hand": "qty_on_hand", "rate": "fx_rate", "customer_id": "cust_id",
+               "region": "region_name", "products": "items", "orders": "order_list", "result": "value",
+               "rows": "data", "manager_email": "manager_contact", "tickets": "ticket_list", "counts": "by_status",
+               "currency": "ccy", "segment": "customer_segment", "sku": "product_code", "tables": "table_names",
+               "columns": "fields", "status": "state"}
+# Tools with side effects: faults that need the real output are never applied to them.
+SIDE_EFFECT_TOOLS = ("send_report",)
