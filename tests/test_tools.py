@@ -117,6 +117,29 @@ def test_tool_raising_systemexit_or_timeouterror_is_an_observation():
     assert res.error == "exception" and "upstream took too long" in res.content
 
 
+def test_ctrl_c_while_a_tool_runs_is_not_a_tool_failure():
+    import os
+    import signal
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(10)
+
+    def press_ctrl_c():
+        started.wait(10)
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the main thread is waiting for the tool
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ToolSet([_tool(slow, timeout_s=10)]).execute(ToolCall("c", "t", {}))
+    finally:
+        release.set()
+
+
 def test_unserializable_and_huge_results():
     class Thing:
         def __repr__(self):

@@ -5,7 +5,7 @@ an environment knows plus the task's allowlist: a call outside the allowlist is 
 Execution never raises: exceptions, timeouts (also for tools that block forever: synchronous tools run
 on daemon worker threads and a hung one is abandoned), unserializable results and huge outputs all
 become a `ToolResult` with a readable observation. Arguments are validated with `jsonschema` and
-nothing is coerced. Not handled here: fault injection (`faults.py`) and the recovery rule (`harness.py`).
+nothing is coerced. Not handled here: fault injection (`faults.py`) and the recovery rule (`loop.py`).
 """
 
 from __future__ import annotations
@@ -383,7 +383,9 @@ class ToolSet:
         try:
             value = fut.result(timeout=limit)
         except BaseException as exc:  # the tool's own failure (even SystemExit): an observation for the model
-            if isinstance(exc, TimeoutError) and not fut.done():
+            if not fut.done():  # raised here while waiting, not by the tool: our timeout, or Ctrl-C (re-raised)
+                if not isinstance(exc, TimeoutError):
+                    raise
                 return ToolResult(call.id, call.name, feedback("tool_timeout", tool=call.name, seconds=limit),
                                   ok=False, duration_s=time.perf_counter() - start, error="timeout")
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
