@@ -143,13 +143,13 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
 
 def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str],
               folder: str = "eval") -> dict[str, Any]:
-    from agentrig.evals.evaluate import EvalConfig, _run_with_progress
+    from agentrig.evals.evaluate import EvalConfig, run_eval_with_progress
     from agentrig.harness import HarnessConfig
-    from agentrig.policies.hf_policy import HFPolicy
     from agentrig.harness.trajectory import write_episodes
+    from agentrig.policies.loader import PolicySpec, load_policy
     from rich.console import Console
 
-    policy = HFPolicy.from_pretrained(cfg.model, adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed)
+    policy = load_policy(PolicySpec(cfg.model, adapters=adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed))
     econfig = EvalConfig(env=cfg.env, splits=EVAL_SPLITS, limit=prof.eval_limit, faults=prof.eval_faults, seed=cfg.seed,
                          harness=HarnessConfig())
     out = root / folder
@@ -157,7 +157,7 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     results: dict[str, Any] = {}
     for name in variants:
         policy.use(name)
-        res = _run_with_progress(policy, econfig, name, Console())
+        res = run_eval_with_progress(policy, econfig, name, Console())
         write_episodes(out / f"episodes_{name.replace('+', '_')}.jsonl", res.episodes)
         results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
                          "episodes_file": str(out / f"episodes_{name.replace('+', '_')}.jsonl")}

@@ -2,7 +2,7 @@
 
 Recipe: resolve the config, load the entries, load the policy, run and score each category, write
 `results.json`, `report.md`, `episodes.jsonl` and `config.json` into `--out`, print the table.
-Importing this module is light: torch and transformers load inside `load_policy`.
+Importing this module is light: torch and transformers load inside `load_policy` (`agentrig.policies.loader`).
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def load_policy(config: BenchConfig) -> Any:
     """The local-model policy (torch and transformers are imported here)."""
-    from agentrig.policies.hf_policy import HFPolicy
+    from agentrig.policies.loader import PolicySpec, load_policy
 
     adapters = {"adapter": str(config.adapter)} if config.adapter is not None else None
-    return HFPolicy.from_pretrained(config.model, adapters=adapters, batch_size=config.batch_size)
+    return load_policy(PolicySpec(config.model, adapters=adapters, batch_size=config.batch_size))
 
 
 def _bfcl_version() -> str:

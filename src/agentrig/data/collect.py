@@ -249,19 +249,17 @@ def _remote_teacher(cfg: CollectConfig) -> Any:
     """The OpenAI-compatible endpoint or a local model (with an adapter) as the teacher."""
     if not cfg.model:
         raise ConfigError(f"--teacher {cfg.teacher} needs --model")
-    if cfg.teacher == "openai":
-        from agentrig.policies.openai_policy import OpenAIPolicy
+    from agentrig.policies.loader import PolicySpec, load_policy
 
+    if cfg.teacher == "openai":
         if not cfg.base_url:
             raise ConfigError("--teacher openai needs --base-url (the key is read from OPENAI_API_KEY)")
-        return OpenAIPolicy(cfg.base_url, cfg.model, temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
-                            seed=cfg.seed)
+        return load_policy(PolicySpec(cfg.model, base_url=cfg.base_url, temperature=cfg.temperature,
+                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
     if cfg.teacher == "model":
-        from agentrig.policies.hf_policy import HFPolicy
-
         adapters = {"adapter": cfg.adapter} if cfg.adapter else None
-        return HFPolicy.from_pretrained(cfg.model, adapters, temperature=cfg.temperature, seed=cfg.seed,
-                                        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+        return load_policy(PolicySpec(cfg.model, adapters=adapters, temperature=cfg.temperature, seed=cfg.seed,
+                                      max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size))
     raise ConfigError(f"unknown teacher {cfg.teacher!r}: use expert, openai or model")
 
 

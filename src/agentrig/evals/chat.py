@@ -101,15 +101,14 @@ def session_tools(env: Any) -> tuple[ToolSet, Any]:
 
 def build_policy(args: argparse.Namespace) -> Any:
     """The policy the flags describe: an OpenAI-compatible endpoint, or a local model with an optional adapter."""
+    from agentrig.policies.loader import PolicySpec, load_policy
+
     if args.base_url:
-        from agentrig.policies.openai_policy import OpenAIPolicy
-
-        return OpenAIPolicy(args.base_url, args.model, api_key_env=args.api_key_env, temperature=args.temperature,
-                            max_tokens=args.max_new_tokens)
-    from agentrig.policies.hf_policy import HFPolicy
-
+        return load_policy(PolicySpec(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                                      temperature=args.temperature, max_new_tokens=args.max_new_tokens))
     adapters = {"adapter": args.adapter} if args.adapter else None
-    return HFPolicy.from_pretrained(args.model, adapters, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    return load_policy(PolicySpec(args.model, adapters=adapters, max_new_tokens=args.max_new_tokens,
+                                  temperature=args.temperature))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

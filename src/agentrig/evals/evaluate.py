@@ -197,20 +197,18 @@ def main(args: argparse.Namespace) -> int:
     if args.trials > 1 and args.temperature == 0:
         console.print("[yellow]note:[/] with greedy decoding every trial is identical; pass --temperature for pass^k")
 
+    from agentrig.policies.loader import PolicySpec, load_policy
+
     if args.base_url:
         if adapters or route:
             raise ConfigError("--adapter/--route load local adapters; with --base-url choose the adapter by --model")
-        from agentrig.policies.openai_policy import OpenAIPolicy
-
-        policy: Any = OpenAIPolicy(args.base_url, args.model, api_key_env=args.api_key_env, temperature=args.temperature,
-                                   max_tokens=args.max_new_tokens, protocol=harness.protocol,
-                                   concurrency=args.concurrency, seed=args.seed)
+        policy: Any = load_policy(PolicySpec(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                                             temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                             protocol=harness.protocol, concurrency=args.concurrency, seed=args.seed))
         variants: dict[str, Any] = {args.model: None}
     else:
-        from agentrig.policies.hf_policy import HFPolicy
-
-        policy = HFPolicy.from_pretrained(args.model, adapters, max_new_tokens=args.max_new_tokens,
-                                          temperature=args.temperature, seed=args.seed, batch_size=args.batch_size)
+        policy = load_policy(PolicySpec(args.model, adapters=adapters, max_new_tokens=args.max_new_tokens,
+                                        temperature=args.temperature, seed=args.seed, batch_size=args.batch_size))
         variants = _variants(adapters, route, args.include_base)
 
     out = Path(args.out)
@@ -219,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     for name, rule in variants.items():
         if args.base_url is None:
             policy.use(rule)
-        results[name] = _run_with_progress(policy, config, name, console)
+        results[name] = run_eval_with_progress(policy, config, name, console)
         write_episodes(out / f"episodes_{_safe(name)}.jsonl", results[name].episodes)
 
     metric_sets = {name: r.metrics for name, r in results.items()}
@@ -240,7 +238,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(policy: Any, config: EvalConfig, name: str, console: Any) -> EvalResult:
+def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, console: Any) -> EvalResult:
+    """`run_eval` with a progress bar named `name` on `console` (the bar vanishes when stdout is not a terminal)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = config.limit * config.trials * len(config.splits)
