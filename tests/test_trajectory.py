@@ -32,6 +32,21 @@ def test_bad_lines_name_file_and_line(tmp_path):
         read_episodes(wrong_version)
 
 
+def test_failure_kinds_outside_their_literal_are_refused_on_the_way_in(tmp_path):
+    ep = run_demo(tmp_path / "a.jsonl").to_dict()
+    failed = next(r for s in ep["steps"] for r in s["results"] if r["error"])
+    failed["error"] = "gremlins"
+    bad = tmp_path / "kinds.jsonl"
+    bad.write_text(json.dumps(ep) + "\n")
+    with pytest.raises(RecordError, match="kinds.jsonl:1: .*results.error 'gremlins' is not one of 'exception'"):
+        read_episodes(bad)
+    ep = run_demo(tmp_path / "a.jsonl").to_dict()
+    ep["termination"] = "tired"
+    bad.write_text(json.dumps(ep) + "\n")
+    with pytest.raises(RecordError, match="termination 'tired'"):
+        read_episodes(bad)
+
+
 def test_torn_last_line_can_be_skipped(tmp_path):
     ep = run_demo(tmp_path / "a.jsonl")
     torn = tmp_path / "torn.jsonl"

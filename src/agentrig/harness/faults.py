@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, get_args
 
 from agentrig.errors import ConfigError
 from agentrig.harness.protocol import feedback
-from agentrig.harness.trajectory import ToolCall, ToolResult
+from agentrig.harness.trajectory import FaultKind, ToolCall, ToolResult
 
-FAULT_KINDS = ("timeout", "no_result", "error_503", "error_429", "permission_denied", "truncated", "malformed",
-               "schema_drift")
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)  # this order is the draw order: it decides which fault a seed gives
 # Share of each kind in the default mix; `FaultConfig.from_total(0.25)` scales it to 25 % of calls.
 DEFAULT_MIX = {"timeout": 0.22, "no_result": 0.12, "error_503": 0.16, "error_429": 0.12, "permission_denied": 0.08,
                "truncated": 0.1, "malformed": 0.1, "schema_drift": 0.1}

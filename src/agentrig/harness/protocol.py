@@ -18,18 +18,11 @@ import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Protocol as TypingProtocol
+from typing import Any, Protocol as TypingProtocol, get_args
 
-from agentrig.harness.trajectory import Defect, Repair, ToolCall
+from agentrig.harness.trajectory import Defect, DefectKind, Repair, ToolCall
 
-DEFECT_KINDS = (
-    "unparseable_call",
-    "unknown_tool",
-    "not_permitted",
-    "schema_violation",
-    "self_written_response",
-    "empty_output",
-)
+DEFECT_KINDS: tuple[str, ...] = get_args(DefectKind)
 MAX_REPAIR_CHARS = 20_000  # longer blocks are not worth repairing (and json_repair is slow on them)
 
 

@@ -3,7 +3,7 @@
 An `Episode` holds everything needed to reproduce what the model saw at every step: the task, the
 tools offered, the system prompt, and per step the raw policy output, parsed calls, repairs, defects,
 tool results (with timings and injected faults), harness notices and memory compressions.
-`agentrig.harness.context_at(episode, i)` rebuilds the exact prompt of step i from these records.
+`agentrig.harness.transcript.context_at(episode, i)` rebuilds the exact prompt of step i from these records.
 Plain dicts appear only at the JSON edge (`to_dict` / `from_dict`), validated on the way in.
 """
 
@@ -13,9 +13,24 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, get_args
 
 SCHEMA_VERSION = 1
+
+# The one place the failure kinds are listed; the records are typed with them and checked on the way in.
+DefectKind = Literal["unparseable_call", "unknown_tool", "not_permitted", "schema_violation",
+                     "self_written_response", "empty_output"]
+"""A model mistake the harness classified (the feedback template of each is in feedback.json)."""
+FaultKind = Literal["timeout", "no_result", "error_503", "error_429", "permission_denied", "truncated", "malformed",
+                    "schema_drift"]
+"""A fault injected at tool execution (`faults.py`)."""
+ToolErrorKind = Literal["exception", "timeout", "not_permitted", "unknown_tool", "schema", "no_result", "error_503",
+                        "error_429", "permission_denied", "truncated", "malformed"]
+"""Why a tool call failed: the tool raised or timed out, the harness refused it, or a fault (schema_drift never fails)."""
+Termination = Literal["", "final_answer", "max_steps", "token_budget", "wall_clock", "stuck", "policy_error"]
+"""Why an episode ended ("" while it runs)."""
+RepairKind = Literal["json_repair", "literal_eval", "key_alias", "bare_json"]
+MemoryReason = Literal["note", "token_budget"]
 
 
 class RecordError(ValueError):
@@ -35,7 +50,7 @@ class ToolCall:
 class Repair:
     """A lenient-parse repair applied to the model's output (recorded, then re-validated)."""
 
-    kind: str  # "json_repair" | "literal_eval" | "key_alias" | "bare_json"
+    kind: RepairKind
     before: str
     after: str
 
@@ -51,9 +66,9 @@ class FieldError:
 
 @dataclass
 class Defect:
-    """A classified model mistake. `kind` is one of protocol.DEFECT_KINDS."""
+    """A classified model mistake."""
 
-    kind: str
+    kind: DefectKind
     message: str  # the feedback text the model was shown
     call_id: str | None = None
     tool: str | None = None
@@ -69,8 +84,8 @@ class ToolResult:
     content: str
     ok: bool
     duration_s: float = 0.0
-    fault: str | None = None  # injected fault kind, if any
-    error: str | None = None  # "exception" | "timeout" | "not_permitted" | "unknown_tool" | "schema" | fault kinds
+    fault: FaultKind | None = None  # injected fault kind, if any
+    error: ToolErrorKind | None = None  # None when the call succeeded
     truncated: bool = False
 
 
@@ -84,7 +99,7 @@ class MemoryEvent:
     summary: str
     upto_message: int  # index into the episode's full message list (messages_full)
     before_step: int
-    reason: str  # "note" | "token_budget"
+    reason: MemoryReason
     extractive: bool = False
 
 
@@ -133,7 +148,7 @@ class Episode:
     steps: list[Step] = field(default_factory=list)
     messages_full: list[dict[str, Any]] = field(default_factory=list)
     memory_events: list[MemoryEvent] = field(default_factory=list)
-    termination: str = ""  # "final_answer" | "max_steps" | "token_budget" | "wall_clock" | "stuck" | "policy_error"
+    termination: Termination = ""
     final_answer: str | None = None
     success: bool | None = None
     check: dict[str, Any] = field(default_factory=dict)
@@ -177,9 +192,25 @@ class Episode:
             task = TaskSpec(**data["task"])
             memory = [MemoryEvent(**m) for m in data.get("memory_events", [])]
             fields_ = {k: v for k, v in data.items() if k not in ("steps", "task", "memory_events")}
-            return cls(task=task, steps=steps, memory_events=memory, **fields_)
+            episode = cls(task=task, steps=steps, memory_events=memory, **fields_)
         except (KeyError, TypeError) as exc:
             raise RecordError(f"episode does not match the schema: {exc}") from None
+        _check_kinds(episode)
+        return episode
+
+
+def _check_kinds(episode: Episode) -> None:
+    """Every kind in the record is one of its Literal's values; the message names the field and the value."""
+    checks: list[tuple[str, Any, Any]] = [("termination", episode.termination, Termination)]
+    checks += [("memory_events.reason", m.reason, MemoryReason) for m in episode.memory_events]
+    for s in episode.steps:
+        checks += [("defects.kind", d.kind, DefectKind) for d in s.defects]
+        checks += [("repairs.kind", r.kind, RepairKind) for r in s.repairs]
+        checks += [("results.error", r.error, ToolErrorKind) for r in s.results if r.error is not None]
+        checks += [("results.fault", r.fault, FaultKind) for r in s.results if r.fault is not None]
+    for name, value, kind in checks:
+        if value not in get_args(kind):
+            raise RecordError(f"episode {episode.episode_id}: {name} {value!r} is not one of {', '.join(map(repr, get_args(kind)))}")
 
 
 def _step_from_dict(d: dict[str, Any]) -> Step:
