@@ -1,9 +1,9 @@
 """Seeded fault injection at the harness's tool-execution layer (a `ToolHook`), recorded in the episode.
 
 Kinds (seed section 4.3): `timeout` (simulated with the harness's own timeout text, never slept),
-`no_result` ("No result"), `error_503`, `error_429`, `permission_denied` (realistic "Error: ..." texts),
-`truncated` (the real output cut mid-way), `malformed` (the real output with broken JSON quoting) and
-`schema_drift` (one field of the real JSON output renamed). Each call draws once from a per-episode RNG,
+`no_result` ("No result"), `error_503`, `error_429`, `permission_denied` (realistic "Error: ..." texts, kept
+in feedback.json with every other model-facing text), `truncated` (the real output cut mid-way),
+`malformed` (the real output with broken JSON quoting) and `schema_drift` (one field of the real JSON output renamed). Each call draws once from a per-episode RNG,
 so the same seed and the same calls give the same faults. Faults that need the real output run the
 tool first; tools with side effects (`no_mutate`) only get faults that stop the call before it runs.
 Which tools have side effects and how drift renames fields are the environment's facts
@@ -27,11 +27,7 @@ FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)  # this order is the draw ord
 DEFAULT_MIX = {"timeout": 0.22, "no_result": 0.12, "error_503": 0.16, "error_429": 0.12, "permission_denied": 0.08,
                "truncated": 0.1, "malformed": 0.1, "schema_drift": 0.1}
 _NEEDS_OUTPUT = {"truncated", "malformed", "schema_drift"}
-_ERRORS = {
-    "error_503": "Error: 503 Service Unavailable: the {tool} backend is temporarily unavailable. Try again later.",
-    "error_429": "Error: 429 Too Many Requests: rate limit exceeded for {tool}. Retry after a short wait.",
-    "permission_denied": "Error: permission denied: this account is not allowed to use {tool} on that data.",
-}
+_ERRORS = ("error_503", "error_429", "permission_denied")  # their texts: feedback.json's fault_<kind>
 @dataclass
 class FaultConfig:
     """Per-kind fault rates (probability per tool call); their sum must be at most 1."""
@@ -110,9 +106,10 @@ class FaultInjector:
             text = feedback("tool_timeout", tool=call.name, seconds=self.config.timeout_s)
             return ToolResult(call.id, call.name, text, ok=False, duration_s=0.0, fault=kind, error="timeout")
         if kind == "no_result":
-            return ToolResult(call.id, call.name, "No result", ok=False, fault=kind, error=kind)
+            return ToolResult(call.id, call.name, feedback("fault_no_result"), ok=False, fault=kind, error=kind)
         if kind in _ERRORS:
-            return ToolResult(call.id, call.name, _ERRORS[kind].format(tool=call.name), ok=False, fault=kind, error=kind)
+            return ToolResult(call.id, call.name, feedback(f"fault_{kind}", tool=call.name), ok=False, fault=kind,
+                              error=kind)
         real = execute()
         if not real.ok:  # the tool failed by itself: nothing to corrupt, the real failure stands
             return real
