@@ -103,6 +103,17 @@ def test_resolved_config_round_trips(tmp_path):
 
 # -- packing and the supervised-position loss ----------------------------------------------------
 
+def test_warmup_ratio_is_a_share_of_the_steps_on_either_transformers(tmp_path):
+    from transformers import TrainingArguments
+
+    from agentrig.train.train import _training_kwargs, _warmup
+
+    kwargs = _training_kwargs(TrainConfig(dataset="d", warmup_ratio=0.1), tmp_path / "ck")
+    assert TrainingArguments(**kwargs).get_warmup_steps(200) == 20  # the installed version: 20 of 200 steps
+    assert _warmup(0.1, "4.57.1") == {"warmup_ratio": 0.1}  # 4.x would read warmup_steps=0.1 as a step count
+    assert _warmup(0.1, "5.0.0") == {"warmup_steps": 0.1}
+
+
 def test_best_fit_packing_fills_rows_without_overflow():
     from agentrig.train.packing import best_fit_bins
 

@@ -143,18 +143,29 @@ def _lora_config(config: TrainConfig) -> Any:
 def _training_kwargs(config: TrainConfig, checkpoints: Path) -> dict[str, Any]:
     """Arguments shared by the SFT and DPO `TrainingArguments`."""
     import torch
+    import transformers
 
     bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return dict(
         output_dir=str(checkpoints), per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps, learning_rate=config.learning_rate,
         num_train_epochs=config.num_train_epochs, max_steps=config.max_steps or -1,
-        lr_scheduler_type=config.lr_scheduler_type, warmup_steps=config.warmup_ratio, seed=config.seed,
-        data_seed=config.seed, save_strategy="steps", save_steps=config.save_steps, save_total_limit=2,
+        lr_scheduler_type=config.lr_scheduler_type, **_warmup(config.warmup_ratio, transformers.__version__),
+        seed=config.seed, data_seed=config.seed, save_strategy="steps", save_steps=config.save_steps, save_total_limit=2,
         logging_steps=1, report_to="none", disable_tqdm=True, log_level="warning", bf16=bf16, fp16=False,
         remove_unused_columns=False, gradient_checkpointing=False, ddp_find_unused_parameters=False,
         dataloader_num_workers=0, dataloader_pin_memory=torch.cuda.is_available(),
     )
+
+
+def _warmup(ratio: float, transformers_version: str) -> dict[str, float]:
+    """The warmup share in the form the installed transformers reads.
+
+    transformers 5 removed `warmup_ratio` and reads a float `warmup_steps` below 1 as a share of the steps;
+    4.x (which pyproject allows from 4.57) has `warmup_ratio` and reads `warmup_steps` as a step count, so
+    0.1 there would mean almost no warmup.
+    """
+    return {"warmup_steps": ratio} if int(transformers_version.split(".")[0]) >= 5 else {"warmup_ratio": ratio}
 
 
 # -- trainers -------------------------------------------------------------------------------------
