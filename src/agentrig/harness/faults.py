@@ -3,9 +3,10 @@
 Kinds (seed section 4.3): `timeout` (simulated with the harness's own timeout text, never slept),
 `no_result` ("No result"), `error_503`, `error_429`, `permission_denied` (realistic "Error: ..." texts, kept
 in feedback.json with every other model-facing text), `truncated` (the real output cut mid-way),
-`malformed` (the real output with broken JSON quoting) and `schema_drift` (one field of the real JSON output renamed). Each call draws once from a per-episode RNG,
-so the same seed and the same calls give the same faults. Faults that need the real output run the
-tool first; tools with side effects (`no_mutate`) only get faults that stop the call before it runs.
+`malformed` (the real output with broken JSON quoting) and `schema_drift` (one field of the real JSON
+output renamed). Each call draws once from a per-episode RNG, so the same seed and the same calls give
+the same faults. Faults that need the real output run the tool first; tools with side effects
+(`no_mutate`) only get faults that stop the call before it runs.
 Which tools have side effects and how drift renames fields are the environment's facts
 (`Environment.side_effect_tools`, `Environment.drift_names`), passed in by whoever builds the config.
 The built-in `note` tool is never faulted (the harness handles it before this hook anyway).
