@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrig.data.render import IGNORE_INDEX
 from agentrig.errors import ConfigError, DataError
 from agentrig.jsonl import read_jsonl
 
@@ -93,12 +94,12 @@ def _inspect(args: argparse.Namespace) -> int:
         ids, labels = row["input_ids"], row["labels"]
         start = 0
         for k in range(1, len(ids) + 1):
-            if k == len(ids) or (labels[k] != -100) != (labels[start] != -100):
+            if k == len(ids) or (labels[k] != IGNORE_INDEX) != (labels[start] != IGNORE_INDEX):
                 piece = tokenizer.decode(ids[start:k], skip_special_tokens=False)
-                text.append(piece, style="bold green" if labels[start] != -100 else "dim")
+                text.append(piece, style="bold green" if labels[start] != IGNORE_INDEX else "dim")
                 start = k
         console.print(text)
-        sup = sum(1 for x in labels if x != -100)
+        sup = sum(1 for x in labels if x != IGNORE_INDEX)
         console.print(f"[bold]{len(ids)} tokens, {sup} supervised (green)[/bold]")
     if card:
         console.rule("data card")

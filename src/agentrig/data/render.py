@@ -28,7 +28,7 @@ from typing import Any
 from agentrig.errors import AgentrigError
 
 HERMES_TEMPLATE_NAME = "hermes_chatml.v1"
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # the label of a token that is not supervised; the one place this value is written
 _PROBE_TOOL = "agentrig_probe_tool"
 _PROBE_VALUE = "agentrig_probe_value"
 _PROBE_RESULT = "agentrig_probe_result"

@@ -18,6 +18,8 @@ import functools
 import types
 from typing import Any
 
+from agentrig.data.render import IGNORE_INDEX
+
 
 def add_supervised_head(model: Any) -> Any:
     """Patch a `*ForCausalLM` (before PEFT wraps it) to accept `supervised_labels`; returns the model."""
@@ -37,7 +39,7 @@ def add_supervised_head(model: Any) -> Any:
         kwargs["use_cache"] = False
         hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
         targets = supervised_labels[:, 1:]
-        mask = targets != -100
+        mask = targets != IGNORE_INDEX
         head = self.get_output_embeddings()
         logits = head(hidden[:, :-1][mask]).float()
         token_logps = -F.cross_entropy(logits, targets[mask], reduction="none")
@@ -68,4 +70,4 @@ def full_logits_loss(model: Any, batch: dict[str, Any]) -> Any:
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
     targets = batch["labels"][:, 1:]
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=-100)
+                           ignore_index=IGNORE_INDEX)

@@ -18,7 +18,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-IGNORE = -100
+from agentrig.data.render import IGNORE_INDEX as IGNORE
 
 
 @dataclass
