@@ -65,3 +65,9 @@ def test_llama31_protocol_round_trip():
     assert p.calls == [ToolCall("c_0", "add", {"a": 1})] and p.text == "Sure."
     assert '"parameters"' in L.system_prompt([SPEC], HarnessConfig())
     assert L.parse("Done: 3.").is_final
+
+
+def test_llama31_unparseable_call_is_told_its_own_syntax():
+    (d,) = L.parse('{"name": "add", "parameters": 7}').defects
+    assert d.kind == "unparseable_call" and '"parameters"' in d.message and "<tool_call>" not in d.message
+    assert "<tool_call>" in H.parse("<tool_call>not json</tool_call>").defects[0].message

@@ -31,9 +31,14 @@ def _templates() -> dict[str, Any]:
     return json.loads(resources.files("agentrig.harness").joinpath("feedback.json").read_text(encoding="utf-8"))
 
 
-def feedback(kind: str, **fields: Any) -> str:
-    """The stable feedback text of a defect class or harness notice, filled in."""
-    return str(_templates()[kind]).format(**fields)
+def feedback(kind: str, protocol: str | None = None, **fields: Any) -> str:
+    """The stable feedback text of a defect class or harness notice, filled in.
+
+    With `protocol`, that protocol's own text (key `KIND.PROTOCOL`) when its call syntax needs one.
+    """
+    templates = _templates()
+    key = f"{kind}.{protocol}" if protocol is not None and f"{kind}.{protocol}" in templates else kind
+    return str(templates[key]).format(**fields)
 
 
 class RulesLike(TypingProtocol):
@@ -281,7 +286,7 @@ class Llama31Protocol(OutputProtocol):
             obj, repair, reason = _load_call_object(s)
             got = _normalize_call(obj, s, self.args_key, repairs) if obj is not None else (reason or "invalid JSON")
             if isinstance(got, str):
-                defects.append(Defect("unparseable_call", feedback("unparseable_call", reason=got)))
+                defects.append(Defect("unparseable_call", feedback("unparseable_call", self.name, reason=got)))
                 continue
             if repair:
                 repairs.append(repair)
