@@ -1,4 +1,5 @@
-"""HFPolicy: batched greedy equals one-at-a-time, stop at `</tool_call>`, adapter routing, base weights untouched,
+"""HFPolicy: batched greedy equals one-at-a-time, replies run to the end of turn (several calls) and stop at a
+self-written `<tool_response>`, adapter routing, base weights untouched,
 and the prefix cache gives the uncached replies over multi-step episodes while prefilling far fewer tokens."""
 
 from __future__ import annotations
@@ -54,18 +55,34 @@ def _bigram_model(tokenizer, chain: list[int]):
     return model
 
 
-def test_generation_stops_after_the_tool_call_block(smol_tokenizer) -> None:
+def test_generation_runs_past_a_tool_call_block_to_the_end_of_turn(smol_tokenizer) -> None:
     from agentrig.policies.hf_policy import HFPolicy
     from agentrig.data.render import Renderer
 
     renderer = Renderer(smol_tokenizer)
     last = renderer.prompt_ids(_request("hi").messages)[-1]
-    target = smol_tokenizer.encode("ok</tool_call> then more words", add_special_tokens=False)
-    policy = HFPolicy(_bigram_model(smol_tokenizer, [last, *target]), smol_tokenizer, max_new_tokens=20)
-    replies = policy.generate_batch([_request("hi"), _request("a longer prompt to force left padding")])
-    for reply in replies:
-        assert reply.text == "ok</tool_call>"
-        assert reply.completion_tokens == 6  # ok, </, tool, _, call, >
+    target = smol_tokenizer.encode("ok</tool_call> then more words", add_special_tokens=False) + [renderer.eot_id]
+    for prefix_cache in (True, False):
+        policy = HFPolicy(_bigram_model(smol_tokenizer, [last, *target]), smol_tokenizer, max_new_tokens=20,
+                          prefix_cache=prefix_cache)
+        replies = policy.generate_batch([_request("hi"), _request("a longer prompt to force left padding")])
+        for reply in replies:
+            assert reply.text == "ok</tool_call> then more words"  # a second call could follow the first
+            assert reply.completion_tokens == len(target)
+
+
+def test_generation_stops_at_a_self_written_tool_response(smol_tokenizer) -> None:
+    from agentrig.policies.hf_policy import HFPolicy
+    from agentrig.data.render import Renderer
+
+    renderer = Renderer(smol_tokenizer)
+    last = renderer.prompt_ids(_request("hi").messages)[-1]
+    target = smol_tokenizer.encode("ok<tool_response> made up", add_special_tokens=False)
+    for prefix_cache in (True, False):
+        policy = HFPolicy(_bigram_model(smol_tokenizer, [last, *target]), smol_tokenizer, max_new_tokens=30,
+                          prefix_cache=prefix_cache)
+        reply = policy.generate(_request("hi"))
+        assert reply.text == "ok<tool_response>"
 
 
 def test_end_of_turn_token_ends_the_reply(smol_tokenizer) -> None:

@@ -94,7 +94,7 @@ def test_sends_the_harness_messages_and_model_name(serve, monkeypatch) -> None:
     assert body["model"] == "my-lora"
     assert body["messages"] == _request().messages  # the same system prompt, no separate tools field
     assert "tools" not in body
-    assert body["stop"] == ["</tool_call>"] and body["temperature"] == 0.0
+    assert body["stop"] == ["<tool_response>"] and body["temperature"] == 0.0
     assert server.headers[0]["Authorization"] == "Bearer sk-test"
 
 
@@ -105,11 +105,25 @@ def test_server_parsed_tool_calls_become_protocol_text(serve) -> None:
     assert reply.text == 'Checking.\n<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n</tool_call>'
 
 
-def test_text_tool_calls_get_their_stop_string_back(serve) -> None:
-    text = '<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n'
+def test_a_turn_with_several_text_calls_comes_back_whole(serve) -> None:
+    text = ('<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "stock_level", "arguments": {"sku": "B"}}\n</tool_call>')
     server = serve(lambda body, headers: (200, _completion(text)))
     reply = OpenAIPolicy(server.url, "m").generate(_request())
-    assert reply.text == text + "</tool_call>"
+    assert reply.text == text
+
+
+def test_a_self_written_tool_response_gets_its_stop_string_back(serve) -> None:
+    text = '<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n</tool_call>\n'
+    answer = _completion(text)
+    answer["choices"][0]["stop_reason"] = "<tool_response>"  # what vLLM reports for a matched stop string
+    server = serve(lambda body, headers: (200, answer))
+    reply = OpenAIPolicy(server.url, "m").generate(_request())
+    assert reply.text == text + "<tool_response>"
+    from agentrig.protocol import get_protocol
+
+    parsed = get_protocol("hermes").parse(reply.text)
+    assert [d.kind for d in parsed.defects] == ["self_written_response"] and len(parsed.calls) == 1
 
 
 def test_retries_429_and_5xx_with_backoff(serve) -> None:

@@ -5,8 +5,9 @@ The base model is loaded once; any number of PEFT adapters are loaded next to it
 a fixed name, a family -> adapter dict, or a callable over the `TaskSpec`. `generate_batch` groups the
 requests by adapter, renders each prompt with `agentrig.data.render.Renderer.prompt_ids` (the one rendering
 the training data uses) and generates for up to `batch_size` of them together with the KV cache.
-Generation stops at the end of a tool-call block (`</tool_call>`) or at the end-of-turn token; it is
-greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
+Generation runs to the end-of-turn token, so a turn can hold several `<tool_call>` blocks (parallel
+calls, as the training data has them); it stops early when the model starts writing a `<tool_response>`
+itself (the harness cuts and classifies that as a defect). It is greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
 
 Prefix caching (`prefix_cache=True`, the default): step k of an episode re-sends step k-1's prompt plus
 the reply and the tool results, so the policy keeps, per (episode id, adapter), the token ids it has
@@ -21,8 +22,7 @@ decoding on a CPU) and drops each row from the batch as it finishes, keeping its
 episode's next step. Greedy replies equal the uncached path's (`model.generate`, everything prefilled)
 up to floating-point ties; sampling follows `generate`'s temperature and top-p rules.
 
-Not covered: prompts longer than the model's context (they are passed as is), beam search, and
-several tool calls in one turn (generation stops after the first block, as the field notes advise).
+Not covered: prompts longer than the model's context (they are passed as is) and beam search.
 The prefix cache assumes a model whose cache is plain full attention (Llama-family, e.g. SmolLM2);
 sliding-window or recurrent layers would need `prefix_cache=False`.
 """
@@ -39,7 +39,7 @@ from agentrig.harness import PolicyReply, PolicyRequest
 from agentrig.harness.trajectory import TaskSpec
 
 BASE = "base"  # the route name meaning "no adapter"
-TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_RESPONSE_OPEN = "<tool_response>"  # a reply that starts a tool result itself stops there
 
 Route = Union[str, dict[str, str], Callable[[TaskSpec], Union[str, None]], None]
 
@@ -231,15 +231,25 @@ class HFPolicy:
                 rows = self._hf_generate(prompts, generator)
         replies = []
         for row, prompt in zip(rows, prompts):
-            tokens, stopped = _until_stop(row, self._stop_ids | {self.tokenizer.pad_token_id})
-            text = self.tokenizer.decode(tokens, skip_special_tokens=False)
-            cut = text.find(TOOL_CALL_CLOSE)
-            if cut >= 0:
-                text = text[: cut + len(TOOL_CALL_CLOSE)]
-            replies.append(
-                PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens) + int(stopped))
-            )
+            text, used = self.reply_text(row)
+            replies.append(PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=used))
         return replies
+
+    # -- the stopping rules (one place: the decode loop, the plain path and the replay check use them) --
+    def finished(self, generated: list[int]) -> bool:
+        """Whether a reply whose tokens so far are `generated` is complete: it ended its turn (end-of-turn or
+        eos token) or started writing a `<tool_response>` itself. Several `<tool_call>` blocks may come first."""
+        return bool(generated) and (generated[-1] in self._stop_ids or self._writes_response(generated))
+
+    def reply_text(self, row: list[int]) -> tuple[str, int]:
+        """The reply text of generated tokens (up to the stop token, cut after a self-written `<tool_response>`)
+        and how many tokens it used (the stop token counts as generated)."""
+        tokens, stopped = _until_stop(row, self._stop_ids | {self.tokenizer.pad_token_id})
+        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        cut = text.find(TOOL_RESPONSE_OPEN)
+        if cut >= 0:
+            text = text[: cut + len(TOOL_RESPONSE_OPEN)]
+        return text, len(tokens) + int(stopped)
 
     def _hf_generate(self, prompts: list[list[int]], generator: Any) -> list[list[int]]:
         """The plain path: one left-padded `model.generate` call, prompts prefilled in full, nothing kept."""
@@ -252,7 +262,7 @@ class HFPolicy:
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         kwargs: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens,
-            "stop_strings": [TOOL_CALL_CLOSE],
+            "stop_strings": [TOOL_RESPONSE_OPEN],
             "tokenizer": self.tokenizer,
             "eos_token_id": sorted(self._stop_ids),
             "pad_token_id": pad,
@@ -274,8 +284,7 @@ class HFPolicy:
         The rows' caches (all but each prompt's last token, see `_batched_prefix`) are left-padded into one
         `BufferedCache` with room for the replies. Each step feeds every live row's newest token (the last
         prompt token first) with its own position id, so padding never shifts a position. A row stops at an
-        end-of-turn/eos token, once its text holds `</tool_call>` (the harness parses one call per turn), or
-        at `max_new_tokens`; its keys/values for its prompt and the tokens fed so far are kept for its
+        end-of-turn/eos token, once its text holds a self-written `<tool_response>`, or at `max_new_tokens`; its keys/values for its prompt and the tokens fed so far are kept for its
         episode's next step and the row leaves the batch, so the others go on at a smaller batch size.
         """
         import torch
@@ -295,7 +304,7 @@ class HFPolicy:
             keep: list[int] = []
             for b, (row, token) in enumerate(zip(live, chosen)):
                 out[row].append(token)
-                if not (token in self._stop_ids or step + 1 == self.max_new_tokens or self._closes_call(out[row])):
+                if not (step + 1 == self.max_new_tokens or self.finished(out[row])):
                     keep.append(b)
                     continue
                 # The cache holds this row's prompt and the tokens fed so far (not the one just chosen).
@@ -331,9 +340,9 @@ class HFPolicy:
             logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
 
-    def _closes_call(self, generated: list[int]) -> bool:
-        """Whether the reply's text now holds `</tool_call>` (checked on its last few tokens)."""
-        return TOOL_CALL_CLOSE in self.tokenizer.decode(generated[-12:], skip_special_tokens=False)
+    def _writes_response(self, generated: list[int]) -> bool:
+        """Whether the reply's text now holds `<tool_response>` (checked on its last few tokens)."""
+        return TOOL_RESPONSE_OPEN in self.tokenizer.decode(generated[-12:], skip_special_tokens=False)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def _batched_prefix(self, prompts: list[list[int]], keys: list[tuple[str, str]], length: int) -> Any:

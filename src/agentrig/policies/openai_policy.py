@@ -29,6 +29,7 @@ from agentrig.harness.trajectory import ToolCall
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+TOOL_RESPONSE_OPEN = "<tool_response>"
 
 
 class OpenAIPolicyError(AgentrigError):
@@ -47,8 +48,10 @@ class OpenAIPolicy:
         temperature: 0.0 is greedy.
         max_tokens: completion limit per step.
         protocol: the harness protocol whose text form server-parsed tool calls are written back in.
-        stop_at_tool_call: send `</tool_call>` as a stop string (and put it back on the text, since
-            servers drop the stop string), so a step ends after its tool-call block as with HFPolicy.
+        stop_at_response: send `<tool_response>` as a stop string, so a reply that starts writing a tool
+            result itself ends there, as with HFPolicy; the turn otherwise runs to its end, several tool
+            calls included. When the server reports that it stopped at that string (vLLM's `stop_reason`),
+            the string is put back on the text so the harness classifies the self-written result.
         concurrency: parallel requests in `generate_batch`.
         max_retries: retries of a 429/5xx/connection failure before giving up.
         backoff_s: first retry delay, doubled each retry.
@@ -68,7 +71,7 @@ class OpenAIPolicy:
         temperature: float = 0.0,
         max_tokens: int = 512,
         protocol: str = "hermes",
-        stop_at_tool_call: bool = True,
+        stop_at_response: bool = True,
         concurrency: int = 8,
         max_retries: int = 4,
         backoff_s: float = 1.0,
@@ -86,7 +89,7 @@ class OpenAIPolicy:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.protocol = protocol
-        self.stop_at_tool_call = stop_at_tool_call
+        self.stop_at_response = stop_at_response
         self.concurrency = concurrency
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -105,8 +108,8 @@ class OpenAIPolicy:
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        if self.stop_at_tool_call:
-            body["stop"] = [TOOL_CALL_CLOSE]
+        if self.stop_at_response:
+            body["stop"] = [TOOL_RESPONSE_OPEN]
         if self.seed is not None:
             body["seed"] = self.seed
         data = self._post("/chat/completions", body)
@@ -161,8 +164,8 @@ class OpenAIPolicy:
             text = calls_to_text(content, server_calls, self.protocol)
         else:
             text = content
-            if self.stop_at_tool_call and choice.get("finish_reason") == "stop" and _open_call(text):
-                text = text + TOOL_CALL_CLOSE  # the server dropped the stop string
+            if self.stop_at_response and choice.get("stop_reason") == TOOL_RESPONSE_OPEN:
+                text = text + TOOL_RESPONSE_OPEN  # the server dropped the stop string
         usage = data.get("usage") or {}
         return PolicyReply(
             text=text,
@@ -198,11 +201,6 @@ def calls_to_text(content: str, server_calls: list[dict[str, Any]], protocol: st
             broken.append(f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n{TOOL_CALL_CLOSE}')
     text = get_protocol(protocol).assistant_text(content, calls)
     return "\n".join([text, *broken]) if broken else text
-
-
-def _open_call(text: str) -> bool:
-    """The text opened a tool-call block it did not close."""
-    return text.rfind(TOOL_CALL_OPEN) > text.rfind(TOOL_CALL_CLOSE)
 
 
 def _server_message(response: httpx.Response) -> str:
