@@ -192,7 +192,7 @@ def _used_pairs(pairs: dict[str, Any]) -> str:
 
 def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[str, Any]], total_s: float) -> dict[str, Any]:
     from agentrig.evals.metrics import MetricSet
-    from agentrig.evals.report import pick_transcripts, rich_table, write_report
+    from agentrig.evals.report import failure_examples, pick_transcripts, rich_table, write_report
     from agentrig.harness.trajectory import read_episodes
     from rich.console import Console
 
@@ -201,7 +201,8 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
     metric_sets = {name: MetricSet.from_dict(v["metrics"]) for name, v in evals.items()}
     history = stages["sft"]["loss_history"] + stages.get("dpo", {}).get("loss_history", [])
     trained = [n for n in evals if n != "base"][-1]
-    transcripts = pick_transcripts(read_episodes(evals[trained]["episodes_file"]), 3)
+    trained_episodes = read_episodes(evals[trained]["episodes_file"])
+    transcripts = pick_transcripts(trained_episodes, 3)
     times = ", ".join(f"{k} {_mmss(v['seconds'])}" for k, v in stages.items() if "seconds" in v)
     notes = [
         f"profile {prof.name}: {stages['collect']['episodes']} teacher episodes (fault rate {prof.faults}), "
@@ -212,6 +213,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"stage times: {times}; total {_mmss(total_s)}",
     ]
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
+                         failures=failure_examples(trained_episodes),
                          title=f"agentrig run ({prof.name}): {cfg.model} on {cfg.env}", notes=notes)
     Console().print(rich_table(metric_sets, title=f"{cfg.model} on {cfg.env}: base vs trained"))
     return {"markdown": str(files.markdown), "html": str(files.html)}

@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
     """Run `agentrig eval`."""
     from rich.console import Console
 
-    from agentrig.evals.report import pick_transcripts, rich_table, write_report
+    from agentrig.evals.report import failure_examples, pick_transcripts, rich_table, write_report
 
     console = Console(stderr=False)
     adapters = parse_pairs(args.adapter, "--adapter")
@@ -230,6 +230,7 @@ def main(args: argparse.Namespace) -> int:
     (out / "metrics.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
     last = list(results.values())[-1]
     files = write_report(out, metric_sets, transcripts=pick_transcripts(last.episodes, 3),
+                         failures=failure_examples(last.episodes),
                          title=f"agentrig eval: {args.model} on {args.env}",
                          notes=[f"splits {args.split}, {args.limit} tasks per split, {args.trials} trial(s), "
                                 f"fault rate {args.faults}, seed {args.seed}"])

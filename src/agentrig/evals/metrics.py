@@ -110,7 +110,8 @@ class MetricSet:
     - `recovery`: episodes with an injected fault that still succeeded / episodes with an injected fault.
     - `honest_failure`: impossible tasks the checker accepted (the agent said it cannot be done instead of
       pretending) / impossible tasks.
-    `pass_hat_k[k]` is tau-bench's pass^k over tasks with at least k trials.
+    `pass_hat_k[k]` is tau-bench's pass^k over tasks with at least k trials; `failures` counts the
+    failed episodes per failure class (`agentrig.evals.failures`, every class present).
     """
 
     episodes: int
@@ -128,6 +129,7 @@ class MetricSet:
     terminations: dict[str, int] = field(default_factory=dict)
     avg_prompt_tokens: float = 0.0
     avg_completion_tokens: float = 0.0
+    failures: dict[str, int] = field(default_factory=dict)  # failed episodes per `failures.FailureClass`
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the content of metrics.json per policy)."""
@@ -147,6 +149,7 @@ class MetricSet:
             "terminations": dict(self.terminations),
             "avg_prompt_tokens": self.avg_prompt_tokens,
             "avg_completion_tokens": self.avg_completion_tokens,
+            "failures": dict(self.failures),
         }
 
     @classmethod
@@ -168,6 +171,7 @@ class MetricSet:
             terminations={k: int(v) for k, v in data.get("terminations", {}).items()},
             avg_prompt_tokens=float(data.get("avg_prompt_tokens", 0.0)),
             avg_completion_tokens=float(data.get("avg_completion_tokens", 0.0)),
+            failures={k: int(v) for k, v in data.get("failures", {}).items()},
         )
 
 
@@ -271,9 +275,12 @@ def _grouped(episodes: list[Episode], key: str) -> dict[str, GroupMetrics]:
 def compute_metrics(episodes: list[Episode]) -> MetricSet:
     """Every metric of one policy's checked episodes.
 
-    Raises ValueError when an episode was never checked (`success is None`): an unchecked episode
-    would silently count as a failure.
+    Every failed episode is classified by its first decisive cause (`agentrig.evals.failures`), stored as
+    `episode.metadata["failure"]` and counted in `failures`. Raises ValueError when an episode was never
+    checked (`success is None`): an unchecked episode would silently count as a failure.
     """
+    from agentrig.evals.failures import classify_episodes
+
     unchecked = [e.episode_id for e in episodes if e.success is None]
     if unchecked:
         raise ValueError(f"{len(unchecked)} episode(s) were never checked, e.g. {unchecked[0]!r}")
@@ -299,4 +306,5 @@ def compute_metrics(episodes: list[Episode]) -> MetricSet:
         terminations=dict(sorted(Counter(e.termination or "(none)" for e in episodes).items())),
         avg_prompt_tokens=sum(e.prompt_tokens for e in episodes) / n if n else 0.0,
         avg_completion_tokens=sum(e.completion_tokens for e in episodes) / n if n else 0.0,
+        failures=dict(classify_episodes(episodes)),
     )

@@ -120,6 +120,45 @@ def plot_families(metric_sets: dict[str, MetricSet], path: Path) -> Path:
     return path
 
 
+def plot_failures(metric_sets: dict[str, MetricSet], path: Path) -> Path:
+    """Failed episodes per failure class (horizontal bars, one per named set), classes with any count only."""
+    plt = _pyplot()
+    classes = failure_classes(metric_sets)
+    fig, ax = plt.subplots(figsize=(7.2, max(2.4, 0.45 * len(classes) * max(1, len(metric_sets)) ** 0.5 + 1)), dpi=100)
+    height = 0.8 / max(1, len(metric_sets))
+    for k, (name, m) in enumerate(metric_sets.items()):
+        ys = [c + (k - (len(metric_sets) - 1) / 2) * height for c in range(len(classes))]
+        ax.barh(ys, [m.failures.get(c, 0) for c in classes], height, label=name)
+    ax.set_yticks(range(len(classes)))
+    ax.set_yticklabels(classes)
+    ax.invert_yaxis()
+    ax.set_xlabel("failed episodes")
+    ax.set_title("why episodes failed (first decisive cause)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def failure_classes(metric_sets: dict[str, MetricSet]) -> list[str]:
+    """The failure classes that any named set has, in `failures.FAILURE_CLASSES` order."""
+    from agentrig.evals.failures import FAILURE_CLASSES
+
+    return [c for c in FAILURE_CLASSES if any(m.failures.get(c, 0) for m in metric_sets.values())]
+
+
+def failure_examples(episodes: list[Episode]) -> dict[str, Episode]:
+    """The first failed episode of each failure class (classified by `metrics.compute_metrics`)."""
+    examples: dict[str, Episode] = {}
+    for ep in episodes:
+        kind = (ep.metadata.get("failure") or {}).get("kind")
+        if kind is not None and kind not in examples:
+            examples[kind] = ep
+    return examples
+
+
 def write_plots(out_dir: Path, metric_sets: dict[str, MetricSet], loss_history: list[dict[str, Any]] | None) -> dict[str, Path]:
     """Write every plot that has data; returns plot name -> PNG path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +168,8 @@ def write_plots(out_dir: Path, metric_sets: dict[str, MetricSet], loss_history: 
     if metric_sets:
         plots["metrics"] = plot_metric_bars(metric_sets, out_dir / "metrics.png")
         plots["families"] = plot_families(metric_sets, out_dir / "families.png")
+        if failure_classes(metric_sets):
+            plots["failures"] = plot_failures(metric_sets, out_dir / "failures.png")
     return plots
 
 
@@ -162,6 +203,8 @@ def metric_rows(metric_sets: dict[str, MetricSet]) -> list[tuple[str, list[str]]
     for k in sorted({k for m in sets for k in m.pass_hat_k}):
         rows.append((f"pass^{k}", [f"{m.pass_hat_k[k]:.3f}" if k in m.pass_hat_k else "n/a" for m in sets]))
     rows.append(("avg tokens in / out", [f"{m.avg_prompt_tokens:.0f} / {m.avg_completion_tokens:.0f}" for m in sets]))
+    for kind in failure_classes(metric_sets):
+        rows.append((f"failed: {kind}", [str(m.failures.get(kind, 0)) for m in sets]))
     return rows
 
 
@@ -197,6 +240,9 @@ def render_transcript(episode: Episode) -> str:
     reasons = episode.check.get("reasons") if episode.check else None
     if reasons:
         lines.append("checker: " + "; ".join(str(r) for r in reasons))
+    failure = episode.metadata.get("failure")
+    if failure:
+        lines.append(f"failure class: {failure['kind']} ({failure['detail']})")
     return "\n".join(lines)
 
 
@@ -229,8 +275,13 @@ def markdown_report(
     transcripts: list[Episode],
     title: str = "agentrig evaluation",
     notes: list[str] | None = None,
+    failures: dict[str, Episode] | None = None,
 ) -> str:
-    """The markdown page; plots are referenced by file name (they sit next to the page)."""
+    """The markdown page; plots are referenced by file name (they sit next to the page).
+
+    `failures`: one example episode per failure class (`failure_examples`), shown under its class.
+    """
+    failures = failures or {}
     names = list(metric_sets)
     parts = [f"# {title}", ""]
     parts += [f"- {n}" for n in notes or []]
@@ -245,6 +296,12 @@ def markdown_report(
     parts += ["## Per family", "", _md_table(["family", *names], family_rows(metric_sets)), ""]
     if "families" in plots:
         parts += [f"![families]({plots['families'].name})", ""]
+    if "failures" in plots or failures:
+        parts += ["## Why episodes failed", "", "Each failed episode counts once, under its first decisive cause.", ""]
+        if "failures" in plots:
+            parts += [f"![failures]({plots['failures'].name})", ""]
+        for kind, ep in failures.items():
+            parts += [f"### {kind}", "", "```text", render_transcript(ep), "```", ""]
     if transcripts:
         parts += ["## Transcripts", ""]
         for ep in transcripts:
@@ -279,8 +336,10 @@ def html_report(
     transcripts: list[Episode],
     title: str = "agentrig evaluation",
     notes: list[str] | None = None,
+    failures: dict[str, Episode] | None = None,
 ) -> str:
     """One self-contained HTML page: tables, the plots inlined as base64 PNGs, transcripts."""
+    failures = failures or {}
     names = list(metric_sets)
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -295,6 +354,12 @@ def html_report(
     parts += ["<h2>Per family</h2>", _html_table(["family", *names], family_rows(metric_sets))]
     if "families" in plots:
         parts.append(_img(plots["families"], "per-family completion"))
+    if "failures" in plots or failures:
+        parts.append("<h2>Why episodes failed</h2><p>Each failed episode counts once, under its first decisive cause.</p>")
+        if "failures" in plots:
+            parts.append(_img(plots["failures"], "failure classes"))
+        for kind, ep in failures.items():
+            parts += [f"<h3>{html.escape(kind)}</h3>", f"<pre>{html.escape(render_transcript(ep))}</pre>"]
     if transcripts:
         parts.append("<h2>Transcripts</h2>")
         parts += [f"<pre>{html.escape(render_transcript(ep))}</pre>" for ep in transcripts]
@@ -309,13 +374,17 @@ def write_report(
     transcripts: list[Episode] | None = None,
     title: str = "agentrig evaluation",
     notes: list[str] | None = None,
+    failures: dict[str, Episode] | None = None,
 ) -> ReportFiles:
-    """Write the PNG plots, `report.md` and the self-contained `report.html` into `out_dir`."""
+    """Write the PNG plots, `report.md` and the self-contained `report.html` into `out_dir`.
+
+    `failures`: one example episode per failure class of the trained policy (`failure_examples`).
+    """
     out = Path(out_dir)
     plots = write_plots(out, metric_sets, loss_history)
     md_path, html_path = out / "report.md", out / "report.html"
-    md_path.write_text(markdown_report(metric_sets, plots, transcripts or [], title, notes), encoding="utf-8")
-    html_path.write_text(html_report(metric_sets, plots, transcripts or [], title, notes), encoding="utf-8")
+    md_path.write_text(markdown_report(metric_sets, plots, transcripts or [], title, notes, failures), encoding="utf-8")
+    html_path.write_text(html_report(metric_sets, plots, transcripts or [], title, notes, failures), encoding="utf-8")
     return ReportFiles(markdown=md_path, html=html_path, plots=plots)
 
 
