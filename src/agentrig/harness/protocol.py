@@ -47,6 +47,7 @@ class RulesLike(TypingProtocol):
     max_steps: int
     switch_after_failures: int
     memory: bool
+    tool_listing: str  # "json": one JSON spec per line (Hermes's own layout); "compact": one signature line per tool
 
 
 @dataclass
@@ -136,6 +137,58 @@ def _normalize_call(obj: Any, raw: str, args_key: str, repairs: list[Repair]) ->
     return name.strip(), args
 
 
+TOOL_LISTINGS = ("json", "compact")
+
+
+def _type_text(schema: dict[str, Any]) -> str:
+    """A JSON Schema as a short type expression: `string /^\\d{4}$/`, `"a"|"b"`, `integer 1..10`, `array of string`, `{a: string, b?: integer}`."""
+    if "enum" in schema:
+        return "|".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kind = schema.get("type", "any")
+    if isinstance(kind, list):
+        kind = "|".join(str(k) for k in kind)
+    if kind == "array":
+        text = f"array of {_type_text(schema.get('items', {}))}"
+    elif kind == "object" and schema.get("properties"):
+        text = "{" + ", ".join(_param_text(n, p, n in schema.get("required", [])) for n, p in schema["properties"].items()) + "}"
+    else:
+        text = str(kind)
+    if "format" in schema:
+        text += f" ({schema['format']})"
+    if "pattern" in schema:
+        text += f" /{schema['pattern']}/"
+    low, high = schema.get("minimum", schema.get("minItems")), schema.get("maximum", schema.get("maxItems"))
+    if low is not None or high is not None:
+        text += f" {'' if low is None else low}..{'' if high is None else high}"
+    return text
+
+
+def _param_text(name: str, schema: dict[str, Any], required: bool) -> str:
+    text = f"{name}{'' if required else '?'}: {_type_text(schema)}"
+    if "default" in schema:
+        text += f" = {json.dumps(schema['default'], ensure_ascii=False)}"
+    return text
+
+
+def compact_tool_line(spec: dict[str, Any]) -> str:
+    """One tool as one line: `name(param: type, opt?: type = default) - description. param: its description; ...`.
+
+    Everything the JSON spec says that a model needs to write a valid call is kept (types, enums, patterns,
+    ranges, formats, required vs optional, defaults, nested fields); only the JSON syntax is dropped, which
+    takes a third of the tokens (docs/data.md).
+    """
+    fn = spec.get("function", spec)
+    params = fn.get("parameters") or {}
+    props: dict[str, Any] = params.get("properties", {})
+    required = set(params.get("required", []))
+    signature = ", ".join(_param_text(n, p, n in required) for n, p in props.items())
+    line = f"{fn['name']}({signature}) - {fn.get('description', '').strip()}"
+    notes = [f"{n}: {p['description'].strip().rstrip('.')}" for n, p in props.items() if p.get("description")]
+    if notes:
+        line += " " + "; ".join(notes)
+    return line
+
+
 class OutputProtocol(abc.ABC):
     """Interface shared by the protocols; subclasses define the call syntax."""
 
@@ -185,8 +238,8 @@ class HermesProtocol(OutputProtocol):
     _block = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 
     def system_prompt(self, tools: list[dict[str, Any]], rules: RulesLike) -> str:
-        """The Hermes system prompt for these tools and rules."""
-        tool_lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        """The Hermes system prompt for these tools and rules (tools listed as `rules.tool_listing` says)."""
+        tool_lines = _tool_lines(tools, rules.tool_listing, "\n")
         return (
             "You are a function-calling agent. Solve the user's task with the tools below, then answer.\n"
             f"<tools>\n{tool_lines}\n</tools>\n"
@@ -252,7 +305,7 @@ class Llama31Protocol(OutputProtocol):
 
     def system_prompt(self, tools: list[dict[str, Any]], rules: RulesLike) -> str:
         """The Llama-3.1 style system prompt for these tools and rules."""
-        tool_lines = "\n\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        tool_lines = _tool_lines(tools, rules.tool_listing, "\n\n")
         return (
             "You are a function-calling agent. Solve the user's task with the functions below, then answer.\n"
             "To call functions, respond with one JSON object per line in the format "
@@ -293,6 +346,16 @@ class Llama31Protocol(OutputProtocol):
             calls.append(ToolCall(f"{id_prefix}_{len(calls)}", got[0], got[1]))
         text = "\n".join(text_lines).strip()
         return ParsedOutput(text, calls, repairs, defects, not calls and not defects)
+
+
+def _tool_lines(tools: list[dict[str, Any]], listing: str, sep: str) -> str:
+    if listing == "compact":
+        return "\n".join(compact_tool_line(t) for t in tools)
+    if listing == "json":
+        return sep.join(json.dumps(t, ensure_ascii=False) for t in tools)
+    from agentrig.errors import ConfigError
+
+    raise ConfigError(f"unknown tool listing {listing!r}; choose one of: {', '.join(TOOL_LISTINGS)}")
 
 
 PROTOCOLS: dict[str, type[OutputProtocol]] = {"hermes": HermesProtocol, "llama31": Llama31Protocol}
