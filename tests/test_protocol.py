@@ -71,3 +71,36 @@ def test_llama31_unparseable_call_is_told_its_own_syntax():
     (d,) = L.parse('{"name": "add", "parameters": 7}').defects
     assert d.kind == "unparseable_call" and '"parameters"' in d.message and "<tool_call>" not in d.message
     assert "<tool_call>" in H.parse("<tool_call>not json</tool_call>").defects[0].message
+
+
+RICH = {"type": "function", "function": {"name": "book_slot", "description": "Book a clinic slot.", "parameters": {
+    "type": "object", "required": ["clinic", "day", "kind"], "properties": {
+        "clinic": {"type": "string", "description": "Clinic id, e.g. \"C-12\"."},
+        "day": {"type": "string", "format": "date", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
+        "kind": {"enum": ["checkup", "vaccine"]},
+        "minutes": {"type": "integer", "minimum": 10, "maximum": 60, "default": 20},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "patient": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
+    }}}}
+
+
+def test_compact_listing_keeps_what_a_valid_call_needs():
+    from agentrig.harness.protocol import compact_tool_line
+
+    line = compact_tool_line(RICH)
+    assert line == ('book_slot(clinic: string, day: string (date) /^\\d{4}-\\d{2}-\\d{2}$/, kind: "checkup"|"vaccine", '
+                    'minutes?: integer 10..60 = 20, tags?: array of string, patient?: {name: string, age?: integer}) - '
+                    'Book a clinic slot. clinic: Clinic id, e.g. "C-12"')
+    prompt = H.system_prompt([RICH, SPEC], HarnessConfig(tool_listing="compact"))
+    assert f"<tools>\n{line}\nadd(a?: integer) - Add.\n</tools>" in prompt
+    assert len(prompt) < len(H.system_prompt([RICH, SPEC], HarnessConfig()))
+    assert "book_slot(" in L.system_prompt([RICH], HarnessConfig(tool_listing="compact"))
+
+
+def test_unknown_tool_listing_is_a_config_error():
+    import pytest
+
+    from agentrig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="compact"):
+        H.system_prompt([SPEC], HarnessConfig(tool_listing="yaml"))
