@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrig.errors import ConfigError
-from agentrig.run import PROFILES, RunConfig, _Stages, run_main_job
+from agentrig.run import PROFILES, RunConfig, _curve_steps, _Stages, run_main_job
 
 
 def test_stage_record_skips_finished_stages(tmp_path):
@@ -27,17 +27,23 @@ def test_a_folder_holding_another_run_is_refused(tmp_path):
         run_main_job(RunConfig(out=str(tmp_path), profile="tiny"))
 
 
-def test_profiles_use_the_seeds_lora_knobs_and_fit_the_budget():
+def test_profiles_use_the_measured_recipe_and_fit_the_budget():
     default = PROFILES["default"]
     assert not default.dpo and PROFILES["full"].dpo
-    assert default.sft_steps * default.batch_size * default.max_seq_length <= 200_000  # tokens we can train in ~8 min
+    assert (default.lora_target, default.learning_rate, default.tool_listing) == ("all", 1e-3, "compact")
+    assert default.eval_limit >= 40  # the floor for intervals that mean something
+    assert default.sft_steps * default.batch_size * default.max_seq_length <= 210_000  # ~18 min at ~190 tokens/s
+    assert _curve_steps(default) == [33, 67] and _curve_steps(PROFILES["tiny"]) == [1]
 
 
 @pytest.mark.slow
 def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     out = tmp_path / "run"
     done = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))
-    assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"}
+    assert set(done) == {"collect", "data", "sft", "curve", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"}
+    assert [p["step"] for p in done["curve"]["points"]] == [1, 2]  # the step-1 snapshot, then the final adapter
+    assert 0 < done["curve"]["points"][0]["train_minutes"] <= done["curve"]["points"][1]["train_minutes"]
+    assert (out / "sft" / "snapshots" / "step-1" / "adapter_model.safetensors").is_file()
     assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").is_file()
     assert (out / "dpo" / "adapter" / "adapter_model.safetensors").is_file()
@@ -51,7 +57,8 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     html = (out / "report.html").read_text()
     assert "data:image/png;base64" in html and "sft+dpo" in html
     md = (out / "report.md").read_text()
-    assert "base" in md and "sft" in md
+    assert "base" in md and "sft" in md and "## Completion against training minutes" in md
+    assert "## Why episodes failed" in md and "failed: " in md
     # Rerun with the same folder: every stage is skipped, nothing is recomputed.
     mtime = (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime
     again = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))

@@ -41,19 +41,29 @@ class Profile:
     eval_limit: int  # tasks per split
     eval_max_new_tokens: int
     eval_faults: float = 0.2  # injected tool faults during evaluation, so recovery is measured
+    base_eval_limit: int = 0  # tasks per split for the base model's row (0: eval_limit)
+    detours: float = 0.1  # share of teacher episodes with a rejected first call and its correction
+    lora_target: str = "all"  # LoRA on every linear layer; the seed's q/k/v/o measured worse (docs/training.md)
+    learning_rate: float = 1.0e-3  # LoRA's best rate is ~10x full fine-tuning's; 2e-4 barely moved the loss here
+    tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
+    curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
+    curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
     rollout_episodes: int = 0
     dpo_steps: int = 0
 
 
 PROFILES = {
-    "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=45,
-                       batch_size=1, eval_limit=20, eval_max_new_tokens=160),
-    "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=120,
-                    batch_size=2, eval_limit=20, eval_max_new_tokens=192, dpo=True, rollout_episodes=48, dpo_steps=24),
+    "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=100,
+                       batch_size=1, eval_limit=40, eval_max_new_tokens=160, base_eval_limit=20, detours=0.25,
+                       curve_points=3),
+    "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=240,
+                    batch_size=2, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
+                    curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24),
     # For tests and smoke runs: every stage, minutes of CPU.
     "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
-                    batch_size=1, eval_limit=2, eval_max_new_tokens=24, dpo=True, rollout_episodes=4, dpo_steps=2),
+                    batch_size=1, eval_limit=2, eval_max_new_tokens=24, curve_points=2, curve_limit=1, dpo=True,
+                    rollout_episodes=4, dpo_steps=2),
 }
 EVAL_SPLITS = ["test", "test_unseen_tools"]
 
@@ -107,7 +117,8 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     out = root / "collect" / f"{name}.jsonl"
     ccfg = CollectConfig(env=cfg.env, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if teacher == "expert" else 0.0, seed=cfg.seed,
-                         out=str(out), workers=cfg.workers if teacher == "expert" else 1, **extra)
+                         out=str(out), workers=cfg.workers if teacher == "expert" else 1,
+                         detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing, **extra)
     summary = run_collect(ccfg, resume=out.exists(), progress=True)
     return {"episodes_file": str(out), "episodes": summary.episodes, "successes": summary.successes,
             "recovered": summary.recovered, "faults": dict(summary.faults)}
@@ -122,19 +133,27 @@ def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_file: str) -> dic
             "dropped": report.dropped}
 
 
+def _curve_steps(prof: Profile) -> list[int]:
+    """The SFT steps whose adapter snapshot the curve evaluates (the final adapter is the last point)."""
+    n = prof.curve_points
+    return sorted({max(1, round(prof.sft_steps * k / n)) for k in range(1, n)}) if n > 1 else []
+
+
 def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, steps: int,
            adapter: str | None = None) -> dict[str, Any]:
     from agentrig.train.train import run_train
     from agentrig.train.trainconfig import TrainConfig
+    from agentrig.train.trainlog import SnapshotCallback
 
     tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
-                       lora_rank=32, lora_alpha=64, lora_target="q_proj,k_proj,v_proj,o_proj",
-                       learning_rate=2.0e-4 if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
+                       lora_rank=32, lora_alpha=64, lora_target=prof.lora_target,
+                       learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),
                        packing=stage == "sft", seed=cfg.seed, adapter_name_or_path=adapter,
                        pref_ftx=1.0 if stage == "dpo" else 0.0)  # the field's guard on chosen replies (docs/training.md)
-    result = run_train(tcfg, resume=True)
+    snapshots = [SnapshotCallback(root / stage / "snapshots", _curve_steps(prof))] if stage == "sft" else []
+    result = run_train(tcfg, resume=True, callbacks=snapshots)
     history = [{**row, "stage": stage} for row in result.loss_history]
     return {"adapter": result.adapter_dir, "steps": result.global_step, "loss_history": history,
             "train_seconds": round(result.train_seconds, 1), "tokens": result.tokens,
@@ -142,7 +161,8 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
 
 
 def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str],
-              folder: str = "eval") -> dict[str, Any]:
+              folder: str = "eval", limits: dict[str, int] | None = None, splits: list[str] | None = None) -> dict[str, Any]:
+    """Evaluate each variant (`limits[name]` tasks per split, default `prof.eval_limit`) on `splits`."""
     from agentrig.evals.evaluate import EvalConfig, run_eval_with_progress
     from agentrig.harness import HarnessConfig
     from agentrig.harness.trajectory import write_episodes
@@ -150,19 +170,37 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     from rich.console import Console
 
     policy = load_policy(PolicySpec(cfg.model, adapters=adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed))
-    econfig = EvalConfig(env=cfg.env, splits=EVAL_SPLITS, limit=prof.eval_limit, faults=prof.eval_faults, seed=cfg.seed,
-                         harness=HarnessConfig())
     out = root / folder
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
+    configs: dict[str, Any] = {}
     for name in variants:
         policy.use(name)
+        econfig = EvalConfig(env=cfg.env, splits=splits or EVAL_SPLITS, limit=(limits or {}).get(name, prof.eval_limit),
+                             faults=prof.eval_faults, seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
+        configs[name] = asdict(econfig)
         res = run_eval_with_progress(policy, econfig, name, Console())
         write_episodes(out / f"episodes_{name.replace('+', '_')}.jsonl", res.episodes)
         results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
                          "episodes_file": str(out / f"episodes_{name.replace('+', '_')}.jsonl")}
-    (out / "metrics.json").write_text(json.dumps({"config": asdict(econfig), "results": results}, indent=1))
+    # one schema with `agentrig eval`'s metrics.json: the config of the last variant, plus each variant's task count
+    payload = {"config": configs[variants[-1]], "limits": {n: c["limit"] for n, c in configs.items()}, "results": results}
+    (out / "metrics.json").write_text(json.dumps(payload, indent=1))
     return results
+
+
+def _curve(cfg: RunConfig, prof: Profile, root: Path, sft: dict[str, Any]) -> dict[str, Any]:
+    """Completion on `curve_limit` dev tasks for each SFT snapshot and the final adapter, against training minutes."""
+    folder = root / "sft" / "snapshots"
+    seconds = json.loads((folder / "seconds.json").read_text()) if (folder / "seconds.json").exists() else {}
+    points = {f"step-{s}": (s, float(seconds[str(s)]), str(folder / f"step-{s}")) for s in _curve_steps(prof)
+              if str(s) in seconds}
+    points[f"step-{sft['steps']}"] = (sft["steps"], float(sft["train_seconds"]), sft["adapter"])
+    results = _evaluate(cfg, prof, root, {name: p[2] for name, p in points.items()}, list(points), folder="curve",
+                        limits={name: prof.curve_limit for name in points}, splits=["dev"])
+    rows = [{"step": step, "train_minutes": round(secs / 60, 2), "completion": results[name]["metrics"]["completion"]}
+            for name, (step, secs, _) in points.items()]
+    return {"points": rows, "split": "dev", "tasks": prof.curve_limit}
 
 
 def _pairs(root: Path, episode_files: list[str], total: int, seed: int) -> dict[str, Any]:
@@ -208,12 +246,15 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"profile {prof.name}: {stages['collect']['episodes']} teacher episodes (fault rate {prof.faults}), "
         f"{stages['data']['samples']} samples, SFT {stages['sft']['steps']} steps"
         + (f", DPO {stages['dpo']['steps']} steps on {_used_pairs(stages['pairs'])}" if "dpo" in stages else ""),
-        f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split, greedy, "
-        f"injected tool-fault rate {prof.eval_faults}",
+        f"SFT recipe: LoRA r32/alpha64 on {prof.lora_target} linear layers, learning rate {prof.learning_rate:g}, cosine, "
+        f"{prof.batch_size} packed row(s) of {prof.max_seq_length} tokens per step; detours {prof.detours}, "
+        f"tool listing {prof.tool_listing}",
+        f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split "
+        f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy, injected tool-fault rate {prof.eval_faults}",
         f"stage times: {times}; total {_mmss(total_s)}",
     ]
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
-                         failures=failure_examples(trained_episodes),
+                         failures=failure_examples(trained_episodes), curve=stages.get("curve", {}).get("points"),
                          title=f"agentrig run ({prof.name}): {cfg.model} on {cfg.env}", notes=notes)
     Console().print(rich_table(metric_sets, title=f"{cfg.model} on {cfg.env}: base vs trained"))
     return {"markdown": str(files.markdown), "html": str(files.html)}
@@ -237,7 +278,7 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     console = Console()
     started = time.perf_counter()
     st = _Stages(root)
-    names = ["collect", "data", "sft", "eval"] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"]
+    names = ["collect", "data", "sft"] + (["curve"] if prof.curve_points else []) + ["eval"] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"]
 
     def stage(name: str, label: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return st.run(name, f"[{names.index(name) + 1}/{len(names)}] {label}", fn, console, started)
@@ -245,7 +286,10 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     collect = stage("collect", "collect teacher episodes", lambda: _collect(cfg, prof, root))
     data = stage("data", "build training data", lambda: _build(cfg, prof, root, collect["episodes_file"]))
     sft = stage("sft", "LoRA SFT", lambda: _train(cfg, prof, root, "sft", data["data_dir"], prof.sft_steps))
-    stage("eval", "evaluate base and SFT", lambda: _evaluate(cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"]))
+    if prof.curve_points:
+        stage("curve", "completion against training minutes (dev snapshots)", lambda: _curve(cfg, prof, root, sft))
+    stage("eval", "evaluate base and SFT", lambda: _evaluate(
+        cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"], limits={"base": prof.base_eval_limit or prof.eval_limit}))
     if prof.dpo:
         rollouts = stage("rollouts", "sample the SFT adapter's own rollouts", lambda: _collect(
             cfg, prof, root, teacher="model", episodes=prof.rollout_episodes, name="rollouts", model=cfg.model,

@@ -58,6 +58,7 @@ class CollectConfig:
     detours: float = 0.1
     balance: bool = False
     max_steps: int = 12
+    tool_listing: str = "json"  # HarnessConfig.tool_listing: how the system prompt lists the tools
     batch_size: int = 16
 
     def identity(self) -> dict[str, Any]:
@@ -106,7 +107,8 @@ def _setup_worker(cfg: CollectConfig) -> None:
     facts: dict[str, Any] = {"no_mutate": tuple(env.side_effect_tools), "drift_names": dict(env.drift_names)}
     faults = FaultConfig(rates=cfg.fault_rates, **facts) if cfg.fault_rates else FaultConfig.from_total(cfg.faults, **facts)
     _WORKER.clear()
-    _WORKER.update(cfg=cfg, env=env, harness=HarnessConfig(max_steps=cfg.max_steps), faults=faults,
+    _WORKER.update(cfg=cfg, env=env, harness=HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing),
+                   faults=faults,
                    augment=Augment(paraphrase=cfg.paraphrase, rename=cfg.rename, detour_rate=cfg.detours,
                                    balance=cfg.balance),
                    weights=_family_weights(env, cfg))
@@ -211,6 +213,7 @@ def _check_meta(cfg: CollectConfig, out: Path) -> None:
     if not meta.exists():
         raise ConfigError(f"--resume: {meta} is missing, so the settings of {out} are unknown; start without --resume")
     saved = json.loads(meta.read_text())
+    saved.setdefault("tool_listing", "json")  # collected before the setting existed: tools were listed as JSON
     if saved != cfg.identity():
         diff = sorted(k for k in set(saved) | set(cfg.identity()) if saved.get(k) != cfg.identity().get(k))
         raise ConfigError(f"--resume: settings differ from those {out} was collected with: {', '.join(diff)}")
@@ -413,6 +416,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detours", type=float, default=d.detours, help="share of episodes with a detour step")
     parser.add_argument("--balance", action="store_true", help="flatten tool frequencies via family weights")
     parser.add_argument("--max-steps", type=int, default=d.max_steps)
+    parser.add_argument("--tool-listing", default=d.tool_listing, choices=["json", "compact"],
+                        help="how the system prompt lists tools (keep it the same for training and evaluation)")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -423,6 +428,7 @@ def main(args: argparse.Namespace) -> int:
                         model=args.model, base_url=args.base_url, adapter=args.adapter,
                         temperature=args.temperature, max_new_tokens=args.max_new_tokens, faults=args.faults, fault_rates=rates, seed=args.seed,
                         out=args.out, workers=args.workers, paraphrase=args.paraphrase, rename=args.rename,
-                        detours=args.detours, balance=args.balance, max_steps=args.max_steps)
+                        detours=args.detours, balance=args.balance, max_steps=args.max_steps,
+                        tool_listing=args.tool_listing)
     run_collect(cfg, resume=args.resume, progress=not args.no_progress)
     return 0

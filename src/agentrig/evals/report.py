@@ -159,10 +159,41 @@ def failure_examples(episodes: list[Episode]) -> dict[str, Episode]:
     return examples
 
 
-def write_plots(out_dir: Path, metric_sets: dict[str, MetricSet], loss_history: list[dict[str, Any]] | None) -> dict[str, Path]:
+def plot_curve(points: list[dict[str, Any]], path: Path) -> Path:
+    """Task completion (with its Wilson interval) against training minutes, one point per evaluated snapshot."""
+    plt = _pyplot()
+    rates = [Rate.from_dict(p["completion"]) for p in points]
+    xs = [p["train_minutes"] for p in points]
+    ys = [r.value or 0.0 for r in rates]
+    low = [max(0.0, y - r.interval[0]) for y, r in zip(ys, rates)]
+    high = [max(0.0, r.interval[1] - y) for y, r in zip(ys, rates)]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3)
+    for x, y, p in zip(xs, ys, points):
+        ax.annotate(f"step {p['step']}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize="small")
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("task completion")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("what more training buys (dev snapshots)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def curve_rows(points: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The curve as (step, [training minutes, completion]) rows."""
+    return [(str(p["step"]), [f"{p['train_minutes']:.1f}", _fmt(Rate.from_dict(p["completion"]))]) for p in points]
+
+
+def write_plots(out_dir: Path, metric_sets: dict[str, MetricSet], loss_history: list[dict[str, Any]] | None,
+                curve: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """Write every plot that has data; returns plot name -> PNG path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: dict[str, Path] = {}
+    if curve:
+        plots["curve"] = plot_curve(curve, out_dir / "completion_curve.png")
     if loss_history:
         plots["loss"] = plot_loss(loss_history, out_dir / "loss_curve.png")
     if metric_sets:
@@ -276,6 +307,7 @@ def markdown_report(
     title: str = "agentrig evaluation",
     notes: list[str] | None = None,
     failures: dict[str, Episode] | None = None,
+    curve: list[dict[str, Any]] | None = None,
 ) -> str:
     """The markdown page; plots are referenced by file name (they sit next to the page).
 
@@ -289,6 +321,11 @@ def markdown_report(
         parts.append("")
     if "loss" in plots:
         parts += ["## Training loss", "", f"![loss curve]({plots['loss'].name})", ""]
+    if curve:
+        parts += ["## Completion against training minutes", "",
+                  _md_table(["step", "training minutes", "completion"], curve_rows(curve)), ""]
+        if "curve" in plots:
+            parts += [f"![completion curve]({plots['curve'].name})", ""]
     parts += ["## Metrics", "", "Rates show the value, the 95% Wilson interval and hits/total.", "",
               _md_table(["metric", *names], metric_rows(metric_sets)), ""]
     if "metrics" in plots:
@@ -337,6 +374,7 @@ def html_report(
     title: str = "agentrig evaluation",
     notes: list[str] | None = None,
     failures: dict[str, Episode] | None = None,
+    curve: list[dict[str, Any]] | None = None,
 ) -> str:
     """One self-contained HTML page: tables, the plots inlined as base64 PNGs, transcripts."""
     failures = failures or {}
@@ -347,6 +385,11 @@ def html_report(
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     if "loss" in plots:
         parts += ["<h2>Training loss</h2>", _img(plots["loss"], "loss curve")]
+    if curve:
+        parts += ["<h2>Completion against training minutes</h2>",
+                  _html_table(["step", "training minutes", "completion"], curve_rows(curve))]
+        if "curve" in plots:
+            parts.append(_img(plots["curve"], "completion curve"))
     parts += ["<h2>Metrics</h2><p>Rates show the value, the 95% Wilson interval and hits/total.</p>",
               _html_table(["metric", *names], metric_rows(metric_sets))]
     if "metrics" in plots:
@@ -375,16 +418,18 @@ def write_report(
     title: str = "agentrig evaluation",
     notes: list[str] | None = None,
     failures: dict[str, Episode] | None = None,
+    curve: list[dict[str, Any]] | None = None,
 ) -> ReportFiles:
     """Write the PNG plots, `report.md` and the self-contained `report.html` into `out_dir`.
 
-    `failures`: one example episode per failure class of the trained policy (`failure_examples`).
+    `failures`: one example episode per failure class of the trained policy (`failure_examples`);
+    `curve`: completion of adapter snapshots against training minutes (`agentrig run`'s curve stage).
     """
     out = Path(out_dir)
-    plots = write_plots(out, metric_sets, loss_history)
+    plots = write_plots(out, metric_sets, loss_history, curve)
     md_path, html_path = out / "report.md", out / "report.html"
-    md_path.write_text(markdown_report(metric_sets, plots, transcripts or [], title, notes, failures), encoding="utf-8")
-    html_path.write_text(html_report(metric_sets, plots, transcripts or [], title, notes, failures), encoding="utf-8")
+    md_path.write_text(markdown_report(metric_sets, plots, transcripts or [], title, notes, failures, curve), encoding="utf-8")
+    html_path.write_text(html_report(metric_sets, plots, transcripts or [], title, notes, failures, curve), encoding="utf-8")
     return ReportFiles(markdown=md_path, html=html_path, plots=plots)
 
 

@@ -134,3 +134,38 @@ def save_loss_curve(history: list[dict[str, float]], folder: str | Path, title: 
     fig.savefig(png_path)
     plt.close(fig)
     return json_path, png_path
+
+
+class SnapshotCallback(TrainerCallback):
+    """Save the adapter at chosen optimizer steps (`folder/step-N`), with the training seconds spent so far.
+
+    For a completion-against-training-time curve: the checkpoints `--resume` needs are pruned as training
+    goes, these snapshots are not. `seconds.json` in `folder` maps each snapshot's step to the seconds of
+    training before it (this process's; a resumed run adds the seconds recorded before the resume point).
+    """
+
+    def __init__(self, folder: str | Path, steps: list[int]) -> None:
+        self.folder = Path(folder)
+        self.steps = set(steps)
+        self.started = time.perf_counter()
+        self.offset = 0.0
+
+    def _record(self) -> dict[str, float]:
+        path = self.folder / "seconds.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Start the clock, counting the seconds of snapshots taken before a resume."""
+        self.started = time.perf_counter()
+        before = {int(k): v for k, v in self._record().items() if int(k) <= state.global_step}
+        self.offset = max(before.values(), default=0.0)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Save the adapter when this step is one of the chosen ones (main process only)."""
+        if state.global_step not in self.steps or not state.is_world_process_zero or model is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(self.folder / f"step-{state.global_step}")
+        record = self._record()
+        record[str(state.global_step)] = round(self.offset + time.perf_counter() - self.started, 1)
+        (self.folder / "seconds.json").write_text(json.dumps(record, indent=1))
