@@ -120,7 +120,7 @@ def test_a_self_written_tool_response_gets_its_stop_string_back(serve) -> None:
     server = serve(lambda body, headers: (200, answer))
     reply = OpenAIPolicy(server.url, "m").generate(_request())
     assert reply.text == text + "<tool_response>"
-    from agentrig.protocol import get_protocol
+    from agentrig.harness.protocol import get_protocol
 
     parsed = get_protocol("hermes").parse(reply.text)
     assert [d.kind for d in parsed.defects] == ["self_written_response"] and len(parsed.calls) == 1

@@ -37,7 +37,7 @@ def test_write_report_markdown_and_self_contained_html(tmp_path) -> None:
         {"step": s, "loss": 0.7 - s / 100, "stage": "dpo"} for s in range(6, 9)
     ]
     files = write_report(tmp_path, sets, loss_history=history, transcripts=pick_transcripts(eps, 2), title="run 1")
-    assert set(files.plots) == {"loss", "metrics", "families"}
+    assert set(files.plots) == {"loss", "metrics", "families", "failures"}  # failures: the base set has some
     for png in files.plots.values():
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
