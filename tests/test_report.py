@@ -51,7 +51,7 @@ def test_write_report_markdown_and_self_contained_html(tmp_path) -> None:
 
     page = files.html.read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 3
+    assert len(images) == 4
     assert all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
     assert not re.search(r'src="(?!data:)', page), "the HTML page must not reference outside files"
     assert "&lt;- ok: {&quot;units&quot;: 4}" in page  # transcripts are escaped, not injected
