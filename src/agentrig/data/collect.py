@@ -29,6 +29,7 @@ from typing import Any, Iterator
 from agentrig.data.augment import Augment, apply_rename, flatten_weights, paraphrase
 from agentrig.errors import ConfigError
 from agentrig.harness.faults import FaultConfig
+from agentrig.harness.protocol import TOOL_LISTINGS
 
 # Fields that hold measured times; everything else in a line is a function of the settings and index.
 TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
@@ -416,7 +417,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detours", type=float, default=d.detours, help="share of episodes with a detour step")
     parser.add_argument("--balance", action="store_true", help="flatten tool frequencies via family weights")
     parser.add_argument("--max-steps", type=int, default=d.max_steps)
-    parser.add_argument("--tool-listing", default=d.tool_listing, choices=["json", "compact"],
+    parser.add_argument("--tool-listing", default=d.tool_listing, choices=list(TOOL_LISTINGS),
                         help="how the system prompt lists tools (keep it the same for training and evaluation)")
     parser.add_argument("--no-progress", action="store_true")
 

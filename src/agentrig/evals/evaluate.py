@@ -25,6 +25,7 @@ from agentrig.errors import ConfigError
 from agentrig.harness import HarnessConfig, run_episodes
 from agentrig.harness.loop import ToolHook
 from agentrig.evals.metrics import MetricSet, compute_metrics
+from agentrig.harness.protocol import TOOL_LISTINGS
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
 
 DEFAULT_SPLITS = ("test", "test_unseen_tools")
@@ -151,6 +152,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step")
     parser.add_argument("--max-steps", type=int, default=HarnessConfig.max_steps, help="harness step limit per episode")
+    parser.add_argument("--tool-listing", default=HarnessConfig.tool_listing, choices=list(TOOL_LISTINGS),
+                        help="how the system prompt lists tools: the listing the adapter was trained with (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=16, help="episodes stepping together (default: %(default)s)")
     parser.add_argument("--base-url", default=None, help="evaluate a model behind an OpenAI-compatible endpoint instead")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
@@ -191,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
     for name, folder in adapters.items():
         if not Path(folder).is_dir():
             raise ConfigError(f"--adapter {name}={folder}: no such folder")
-    harness = HarnessConfig(max_steps=args.max_steps)
+    harness = HarnessConfig(max_steps=args.max_steps, tool_listing=args.tool_listing)
     config = EvalConfig(env=args.env, splits=[s for s in args.split.split(",") if s], limit=args.limit,
                         trials=args.trials, faults=args.faults, seed=args.seed, batch_size=args.batch_size, harness=harness)
     if args.trials > 1 and args.temperature == 0:
