@@ -14,7 +14,7 @@ SPEC = {"type": "function", "function": {"name": "add", "description": "Add.", "
 
 
 def test_hermes_system_prompt_lists_tools_format_and_rules():
-    prompt = H.system_prompt([SPEC], HarnessConfig(max_steps=7))
+    prompt = H.system_prompt([SPEC], HarnessConfig(max_steps=7, tool_listing="json"))
     assert f"<tools>\n{json.dumps(SPEC)}\n</tools>" in prompt
     assert "<tool_call>" in prompt and "at most 7 steps" in prompt and "3 times in a row" in prompt
 
@@ -93,7 +93,8 @@ def test_compact_listing_keeps_what_a_valid_call_needs():
                     'Book a clinic slot. clinic: Clinic id, e.g. "C-12"')
     prompt = H.system_prompt([RICH, SPEC], HarnessConfig(tool_listing="compact"))
     assert f"<tools>\n{line}\nadd(a?: integer) - Add.\n</tools>" in prompt
-    assert len(prompt) < len(H.system_prompt([RICH, SPEC], HarnessConfig()))
+    assert len(prompt) < len(H.system_prompt([RICH, SPEC], HarnessConfig(tool_listing="json")))
+    assert H.system_prompt([RICH], HarnessConfig()) == H.system_prompt([RICH], HarnessConfig(tool_listing="compact"))
     assert "book_slot(" in L.system_prompt([RICH], HarnessConfig(tool_listing="compact"))
 
 

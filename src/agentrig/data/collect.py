@@ -59,7 +59,7 @@ class CollectConfig:
     detours: float = 0.1
     balance: bool = False
     max_steps: int = 12
-    tool_listing: str = "json"  # HarnessConfig.tool_listing: how the system prompt lists the tools
+    tool_listing: str = "compact"  # HarnessConfig.tool_listing: how the system prompt lists the tools
     batch_size: int = 16
 
     def identity(self) -> dict[str, Any]:

@@ -44,7 +44,7 @@ class HarnessConfig:
     tool_timeout_s: float = 10.0
     max_output_chars: int = 4000
     protocol: str = "hermes"
-    tool_listing: str = "json"  # how the system prompt lists tools: "json" specs or "compact" signature lines
+    tool_listing: str = "compact"  # how the system prompt lists tools: "compact" signature lines or Hermes's "json" specs
     memory: bool = True  # offer the built-in `note` tool and compress finished sub-goals
     keep_last_turns: int = 2  # turns kept verbatim when the context budget forces a compression
 
