@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrig.errors import ConfigError
-from agentrig.run import PROFILES, RunConfig, _curve_steps, _Stages, run_main_job
+from agentrig.run import PROFILES, RunConfig, _curve_steps, _Stages, below_base, run_main_job
 
 
 def test_stage_record_skips_finished_stages(tmp_path):
@@ -64,3 +64,19 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     again = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))
     assert again == json.loads((out / "stages.json").read_text())
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime == mtime
+
+
+def test_the_report_names_families_where_training_lost_ground():
+    from agentrig.evals.metrics import compute_metrics
+    from agentrig.harness.trajectory import Episode, TaskSpec
+
+    def eps(outcomes):
+        return [Episode(episode_id=f"{fam}{i}", task=TaskSpec(id=f"{fam}{i}", prompt="p", family=fam), protocol="hermes",
+                        system_prompt="s", tools=[], success=ok, termination="final_answer", check={"reasons": ["x"]})
+                for i, (fam, ok) in enumerate(outcomes)]
+
+    base = compute_metrics(eps([("no_tool", True), ("no_tool", True), ("lookup", False)]))
+    trained = compute_metrics(eps([("no_tool", True), ("no_tool", False), ("lookup", True)]))
+    assert below_base(base, trained) == ("families where the trained adapter completes less than the base model: "
+                                         "no_tool (1/2 vs base 2/2)")
+    assert below_base(base, base) == "no family where the trained adapter completes less than the base model"

@@ -257,11 +257,22 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy, injected tool-fault rate {prof.eval_faults}",
         f"stage times: {times}; total {_mmss(total_s)}",
     ]
+    if "base" in metric_sets:
+        notes.append(below_base(metric_sets["base"], metric_sets[trained]))
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
                          failures=failure_examples(trained_episodes), curve=stages.get("curve", {}).get("points"),
                          title=f"agentrig run ({prof.name}): {cfg.model} on {cfg.env}", notes=notes)
     Console().print(rich_table(metric_sets, title=f"{cfg.model} on {cfg.env}: base vs trained"))
     return {"markdown": str(files.markdown), "html": str(files.html)}
+
+
+def below_base(base: Any, trained: Any) -> str:
+    """The report line naming every family where the trained policy completes a smaller share than the base."""
+    worse = [f"{f} ({g.completion.hits}/{g.completion.total} vs base {base.by_family[f].completion.hits}/"
+             f"{base.by_family[f].completion.total})" for f, g in trained.by_family.items()
+             if f in base.by_family and (g.completion.value or 0.0) < (base.by_family[f].completion.value or 0.0)]
+    return ("families where the trained adapter completes less than the base model: " + ", ".join(worse)) if worse \
+        else "no family where the trained adapter completes less than the base model"
 
 
 def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
