@@ -105,3 +105,32 @@ def test_unknown_tool_listing_is_a_config_error():
 
     with pytest.raises(ConfigError, match="compact"):
         H.system_prompt([SPEC], HarnessConfig(tool_listing="yaml"))
+
+
+def test_every_repair_the_parser_records_survives_an_episode_round_trip(tmp_path):
+    """The parser's repairs (json_repair, key alias, string arguments, bare JSON, an unclosed block; literal_eval
+    is only reached when json_repair gives up) are recorded in the step and must read back: a kind missing from the records' Literal broke a run."""
+    from agentrig.harness import HarnessConfig, ScriptedPolicy, run_episode
+    from agentrig.harness.tools import tool, ToolSet
+    from agentrig.harness.trajectory import TaskSpec, read_episodes, write_episodes
+
+    @tool
+    def add(a: int) -> int:
+        """Add one.
+
+        Args:
+            a: a number
+        """
+        return a + 1
+
+    outputs = ['<tool_call>\n{"name": "add", "arguments": {"a": 2,}}\n</tool_call>',   # json_repair
+               '<tool_call>\n{"name": "add", "parameters": {"a": 3}}\n</tool_call>',   # key_alias
+               '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 4}"}\n</tool_call>',  # arguments_string
+               '{"name": "add", "arguments": {"a": 5}}',                                # bare_json
+               '<tool_call>\n{"name": "add", "arguments": {"a": 6}}',                   # unclosed_block
+               "Done."]
+    ep = run_episode(TaskSpec(id="t", prompt="add"), ToolSet([add]), ScriptedPolicy(outputs), HarnessConfig(memory=False))
+    kinds = {r.kind for s in ep.steps for r in s.repairs}
+    assert kinds == {"json_repair", "key_alias", "arguments_string", "bare_json", "unclosed_block"}
+    write_episodes(tmp_path / "e.jsonl", [ep])
+    assert read_episodes(tmp_path / "e.jsonl")[0].to_dict() == ep.to_dict()

@@ -29,7 +29,8 @@ ToolErrorKind = Literal["exception", "timeout", "not_permitted", "unknown_tool",
 """Why a tool call failed: the tool raised or timed out, the harness refused it, or a fault (schema_drift never fails)."""
 Termination = Literal["", "final_answer", "max_steps", "token_budget", "wall_clock", "stuck", "policy_error"]
 """Why an episode ended ("" while it runs)."""
-RepairKind = Literal["json_repair", "literal_eval", "key_alias", "bare_json"]
+RepairKind = Literal["json_repair", "literal_eval", "key_alias", "bare_json", "arguments_string", "unclosed_block"]
+"""A lenient-parse repair the protocol applied (`protocol.py`); every kind it writes must be listed here."""
 MemoryReason = Literal["note", "token_budget"]
 
 
