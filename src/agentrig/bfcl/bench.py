@@ -33,6 +33,7 @@ class BenchConfig:
     limit: int | None = None  # first N entries per category (all when None)
     protocol: str = "hermes"
     batch_size: int = 16
+    max_new_tokens: int = 256  # generation limit per step; a turn may hold several calls (parallel categories)
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad value."""
@@ -41,6 +42,8 @@ class BenchConfig:
             raise ConfigError(f"--categories: unknown {', '.join(unknown) or '(empty list)'}; choose from {','.join(CATEGORIES)}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be at least 1, got {self.limit}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
         if self.adapter is not None and not (self.adapter / "adapter_config.json").is_file():
             raise ConfigError(f"--adapter {self.adapter}: not a PEFT adapter folder (no adapter_config.json)")
 
@@ -61,12 +64,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--categories", default=",".join(CATEGORIES), help=f"comma-separated subset of {','.join(CATEGORIES)}")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N entries of each category")
     parser.add_argument("--out", type=Path, required=True, help="output folder (results.json, report.md, episodes.jsonl)")
+    parser.add_argument("--max-new-tokens", type=int, default=BenchConfig.max_new_tokens,
+                        help="generation limit per step (default: %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig of parsed command-line flags."""
     categories = [c.strip() for c in args.categories.split(",") if c.strip()]
-    return BenchConfig(model=args.model, out=args.out, adapter=args.adapter, categories=categories, limit=args.limit)
+    return BenchConfig(model=args.model, out=args.out, adapter=args.adapter, categories=categories, limit=args.limit,
+                       max_new_tokens=args.max_new_tokens)
 
 
 def load_policy(config: BenchConfig) -> Any:
@@ -74,7 +80,8 @@ def load_policy(config: BenchConfig) -> Any:
     from agentrig.policies.loader import PolicySpec, load_policy
 
     adapters = {"adapter": str(config.adapter)} if config.adapter is not None else None
-    return load_policy(PolicySpec(config.model, adapters=adapters, batch_size=config.batch_size))
+    return load_policy(PolicySpec(config.model, adapters=adapters, batch_size=config.batch_size,
+                                  max_new_tokens=config.max_new_tokens))
 
 
 def _bfcl_version() -> str:
