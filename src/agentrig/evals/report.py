@@ -52,6 +52,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write and close a figure; returns its path."""
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_loss(history: list[dict[str, Any]], path: Path) -> Path:
     """The training loss per optimizer step, one line per `stage` (rows without one are "train")."""
     plt = _pyplot()
@@ -67,10 +75,7 @@ def plot_loss(history: list[dict[str, Any]], path: Path) -> Path:
     ax.grid(alpha=0.3)
     if len(stages) > 1:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _bars(ax: Any, groups: list[str], series: dict[str, list[Rate]]) -> None:
@@ -97,10 +102,7 @@ def plot_metric_bars(metric_sets: dict[str, MetricSet], path: Path) -> Path:
     labels = [label for _, label, _ in HEADLINE]
     _bars(ax, labels, {name: [getattr(m, attr) for attr, _, _ in HEADLINE] for name, m in metric_sets.items()})
     ax.set_title("base vs trained (95% Wilson intervals)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_families(metric_sets: dict[str, MetricSet], path: Path) -> Path:
@@ -114,10 +116,7 @@ def plot_families(metric_sets: dict[str, MetricSet], path: Path) -> Path:
     }
     _bars(ax, families, series)
     ax.set_title("task completion per family")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_failures(metric_sets: dict[str, MetricSet], path: Path) -> Path:
@@ -136,10 +135,7 @@ def plot_failures(metric_sets: dict[str, MetricSet], path: Path) -> Path:
     ax.set_title("why episodes failed (first decisive cause)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def failure_classes(metric_sets: dict[str, MetricSet]) -> list[str]:
@@ -176,10 +172,7 @@ def plot_curve(points: list[dict[str, Any]], path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_title("what more training buys (dev snapshots)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def curve_rows(points: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
