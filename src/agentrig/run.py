@@ -329,7 +329,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `agentrig run`."""
     parser.add_argument("--out", default="runs/default", help="run folder; rerunning with it resumes (default: %(default)s)")
     parser.add_argument("--profile", default="default", choices=list(PROFILES),
-                        help="default: 20 minutes on 2 CPU cores; full: longer SFT plus a DPO round; tiny: smoke test")
+                        help="default: about 30 minutes on 2 CPU cores; full: longer SFT plus a DPO round; tiny: smoke test")
     parser.add_argument("--model", default="smollm2-135m", help="base model name or folder")
     parser.add_argument("--env", default="datadesk", help="environment: datadesk or path/to/file.py:make_env")
     parser.add_argument("--seed", type=int, default=0)
