@@ -149,7 +149,7 @@ def test_eval_cli_writes_metrics_report_and_plots(tiny_model_dir: Path, tmp_path
     assert list(payload["results"]) == ["base", "sft"]
     assert payload["results"]["sft"]["episodes"] == 4
     assert payload["config"]["limit"] == 2 and payload["config"]["adapters"]["sft"].endswith("adapter")
-    assert {p.name for p in out.glob("*.png")} == {"metrics.png", "families.png"}
+    assert {p.name for p in out.glob("*.png")} == {"metrics.png", "families.png", "failures.png"}
     assert (out / "report.md").read_text().count("| task completion |") == 1
     assert (out / "episodes_sft.jsonl").read_text().count("\n") == 4
     printed = capsys.readouterr().out
