@@ -132,12 +132,16 @@ def test_ctrl_c_while_a_tool_runs_is_not_a_tool_failure():
         started.wait(10)
         os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the main thread is waiting for the tool
 
+    # Python's own Ctrl-C handler: a library imported by an earlier test (the trainer's stack) may have
+    # installed another one in this process, and then SIGINT would not raise KeyboardInterrupt at all.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=press_ctrl_c, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             ToolSet([_tool(slow, timeout_s=10)]).execute(ToolCall("c", "t", {}))
     finally:
         release.set()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_unserializable_and_huge_results():
