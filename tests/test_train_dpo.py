@@ -59,7 +59,8 @@ def test_dpo_margin_grows_and_reference_is_the_sft_adapter(tmp_path, tiny_model_
     pairs = synthetic_pairs(6)
     data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
     config = tiny_config(tiny_model_dir, data, tmp_path / "dpo", stage="dpo", adapter_name_or_path=str(sft_adapter),
-                         max_steps=12, save_steps=12, learning_rate=1e-2, pref_beta=0.5)
+                         max_steps=12, save_steps=12, learning_rate=1e-2, pref_beta=0.5,
+                         bf16=False)  # compared below with fp32 log-probs
     result = run_train(config)
 
     # The reference log-probs are those of the SFT adapter, not of the raw base model.

@@ -81,6 +81,18 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
     return tokenizer
 
 
+def native_bf16() -> bool:
+    """Whether this machine runs bf16 matmuls natively: a CUDA GPU that supports bf16, or (without a GPU)
+    a CPU with AVX512-BF16 or AMX. Elsewhere bf16 is emulated and slower than fp32."""
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    cpu = torch.cpu
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_avx512_bf16_supported",
+                                                                          "_is_amx_tile_supported"))
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto") -> Any:
     """Load a causal LM: fp32 on CPU, bf16 on GPUs that support it, unless `dtype` says otherwise."""
     import torch

@@ -134,9 +134,10 @@ def pair_logps(model: Any, batch: dict[str, Any]) -> tuple[Any, Any, Any]:
 
 
 def compute_logps(model: Any, pairs: list[PreferencePair], max_len: int, pad_id: int, batch_size: int = 4,
-                  on_batch: Callable[[int], None] | None = None) -> list[tuple[float, float]]:
+                  on_batch: Callable[[int], None] | None = None, bf16: bool = False) -> list[tuple[float, float]]:
     """(chosen, rejected) log-probs of every pair under `model` as it is now (eval mode, no grad);
-    `on_batch(n)` is told after each batch of n pairs (a progress bar)."""
+    `on_batch(n)` is told after each batch of n pairs (a progress bar); `bf16` runs them under the same
+    autocast as the training steps, so the reference and the policy's first step agree."""
     import torch
 
     collator = PairCollator(pad_id, max_len)
@@ -144,7 +145,7 @@ def compute_logps(model: Any, pairs: list[PreferencePair], max_len: int, pad_id:
     was_training = model.training
     model.eval()
     out: list[tuple[float, float]] = []
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         for start in range(0, len(pairs), batch_size):
             chunk = [{"prompt_ids": p.prompt_ids, "chosen_ids": p.chosen_ids, "rejected_ids": p.rejected_ids}
                      for p in pairs[start:start + batch_size]]

@@ -56,6 +56,10 @@ class TrainConfig:
     lr_scheduler_type: str = field(default="cosine", metadata=_help("learning-rate schedule: " + ", ".join(SCHEDULERS)))
     warmup_ratio: float = field(default=0.0, metadata=_help("fraction of steps spent warming up the learning rate"))
     save_steps: int = field(default=50, metadata=_help("checkpoint every N optimizer steps (for --resume)"))
+    bf16: bool | None = field(default=None, metadata=_help(
+        "bf16 mixed precision (LLaMA-Factory's key; weights and optimizer stay fp32): unset = on where the "
+        "hardware has native bf16 (a GPU that supports it, or a CPU with AVX512-BF16 or AMX, where it "
+        "trains ~2x faster), false = fp32 throughout"))
     packing: bool = field(default=True, metadata=_help(
         "best-fit pack samples into rows; per-sample position ids keep them from attending to each other"))
     seed: int = field(default=42, metadata=_help("seed for LoRA init, data order and dropout"))
@@ -71,6 +75,12 @@ class TrainConfig:
         names = self.lora_target if isinstance(self.lora_target, list) else self.lora_target.split(",")
         names = [n.strip() for n in names if n.strip()]
         return "all-linear" if names == ["all"] else names
+
+    def use_bf16(self) -> bool:
+        """The resolved `bf16`: the key's value, or when unset whether the hardware has native bf16."""
+        from agentrig.models import native_bf16
+
+        return native_bf16() if self.bf16 is None else self.bf16
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in field order, as written to YAML."""
@@ -105,7 +115,7 @@ def _coerce(name: str, value: Any) -> Any:
             return float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"config key {name!r} must be a number, got {value!r}") from None
-    if kind == "bool":
+    if kind in ("bool", "bool | None"):
         if not isinstance(value, bool):
             raise ConfigError(f"config key {name!r} must be true or false, got {value!r}")
         return value
