@@ -141,3 +141,25 @@ def test_openai_teacher_against_a_local_stub(tmp_path, monkeypatch):
     assert all(e["steps"][0]["calls"][0]["name"] == "list_tables" for e in eps)
     assert all(e["success"] in (True, False) and e["check"]["reasons"] for e in eps)
     assert seen and seen[0]["model"] == "stub"
+
+
+def test_no_progress_hides_the_bar_but_not_the_summary(tmp_path, capsys):
+    from agentrig.cli import main
+
+    assert main(["collect", "--episodes", "6", "--out", str(tmp_path / "e.jsonl"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "6 episodes" in err and "faults injected" in err and "tool calls (balance)" in err
+
+
+def test_renaming_never_gives_two_tools_one_name():
+    import random
+
+    from agentrig.data.augment import rename_spec
+
+    aliases = {"get": [("fetch", "d")], "put": [("get", "d1"), ("store", "d2")], "add": [("store", "d3")]}
+    for seed in range(40):
+        spec = rename_spec(["get", "put", "add", "fetch"], random.Random(seed), aliases)
+        names = [spec["tools"].get(n, n) for n in ["get", "put", "add", "fetch"]]
+        assert len(set(names)) == 4, names
+        assert "get" not in spec["tools"] and spec["tools"]["put"] == "store"  # `fetch` and `get` are offered
+        assert "add" not in spec["tools"]  # its only alias went to `put`

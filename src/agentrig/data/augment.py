@@ -51,20 +51,37 @@ def paraphrase(prompt: str, rng: random.Random) -> str:
 
 def rename_spec(tools: Iterable[str], rng: random.Random,
                 aliases: Mapping[str, list[tuple[str, str]]]) -> dict[str, Any]:
-    """New names/descriptions for the given tools (consistent in one episode); tools without aliases keep theirs."""
+    """New names/descriptions for the given tools (consistent in one episode); tools without aliases keep theirs.
+
+    An alias that is already the name of another tool offered in the episode (or another tool's new name) is
+    never drawn, so renaming cannot make two tools share a name; a tool whose aliases all collide keeps its own.
+    """
+    tools = list(tools)
+    taken = set(tools)
     spec: dict[str, Any] = {"tools": {}, "descriptions": {}, "params": {}}
     for name in tools:
-        if name not in aliases:
+        free = [a for a in aliases.get(name, []) if a[0] not in taken]
+        if not free:
             continue
-        new, desc = rng.choice(aliases[name])
+        new, desc = rng.choice(free)
+        taken.add(new)
         spec["tools"][name] = new
         spec["descriptions"][name] = desc
     return spec
 
 
 def _param_map(tool: Tool, rng: random.Random, aliases: Mapping[str, list[str]]) -> dict[str, str]:
-    return {p: rng.choice(aliases[p]) for p in tool.parameters.get("properties", {})
-            if p in aliases and rng.random() < 0.5}
+    """New names for about half of the tool's parameters that have aliases; never one it already has."""
+    names = list(tool.parameters.get("properties", {}))
+    taken = set(names)
+    out: dict[str, str] = {}
+    for p in names:
+        if p in aliases and rng.random() < 0.5:
+            free = [a for a in aliases[p] if a not in taken]
+            if free:
+                out[p] = rng.choice(free)
+                taken.add(out[p])
+    return out
 
 
 def apply_rename(task: TaskSpec, toolset: ToolSet, rng: random.Random,

@@ -267,8 +267,12 @@ def _remote_teacher(cfg: CollectConfig) -> Any:
     raise ConfigError(f"unknown teacher {cfg.teacher!r}: use expert, openai or model")
 
 
-def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True) -> CollectSummary:
-    """Collect `cfg.episodes` episodes into `cfg.out` (appending after a resume point); return the summary."""
+def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
+                summary: bool | None = None) -> CollectSummary:
+    """Collect `cfg.episodes` episodes into `cfg.out` (appending after a resume point); return the summary.
+
+    `progress` shows the live bar; `summary` prints the tables at the end (default: as `progress`).
+    """
     if cfg.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {cfg.workers}")
     out = Path(cfg.out)
@@ -295,10 +299,10 @@ def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True)
                 last_sync = time.monotonic()
             bar.update(live)
         os.fsync(fh.fileno())
-    summary = summarize(out, written, time.perf_counter() - started)
-    if progress:
-        print_summary(summary)
-    return summary
+    result = summarize(out, written, time.perf_counter() - started)
+    if progress if summary is None else summary:
+        print_summary(result)
+    return result
 
 
 # -- live counts, progress and the summary -------------------------------------------------------
@@ -311,7 +315,7 @@ class _LiveCounts:
     def add(self, ep: dict[str, Any]) -> None:
         self.successes += bool(ep.get("success"))
         self.faults += len(ep.get("faults", []))
-        self.recovered += bool(ep.get("success")) and bool(ep.get("faults"))
+        self.recovered += bool(ep.get("success")) and bool(ep.get("faults"))  # Episode.recovered, on the dict
 
 
 class _progress:
@@ -356,7 +360,7 @@ def summarize(out: Path, written: int, seconds: float) -> CollectSummary:
             fam[0] += 1
             fam[1] += success
             faults.update(ep.get("faults", []))
-            recovered += success and bool(ep.get("faults"))
+            recovered += success and bool(ep.get("faults"))  # Episode.recovered, on the dict
             back = {v: k for k, v in (ep["task"]["metadata"].get("rename") or {}).get("tools", {}).items()}
             for step in ep["steps"]:
                 detours += step["weight"] == 0.0
@@ -419,7 +423,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=d.max_steps)
     parser.add_argument("--tool-listing", default=d.tool_listing, choices=list(TOOL_LISTINGS),
                         help="how the system prompt lists tools (keep it the same for training and evaluation)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no live bar (the summary tables still print)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -431,5 +435,5 @@ def main(args: argparse.Namespace) -> int:
                         out=args.out, workers=args.workers, paraphrase=args.paraphrase, rename=args.rename,
                         detours=args.detours, balance=args.balance, max_steps=args.max_steps,
                         tool_listing=args.tool_listing)
-    run_collect(cfg, resume=args.resume, progress=not args.no_progress)
+    run_collect(cfg, resume=args.resume, progress=not args.no_progress, summary=True)
     return 0

@@ -35,7 +35,18 @@ def load_env(spec: str) -> Environment:
         raise ConfigError(f"cannot import {path} as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # dataclasses and pickling (worker processes) look modules up here
-    module_spec.loader.exec_module(module)
+    folder = str(path.resolve().parent)
+    added = folder not in sys.path
+    if added:  # the file imports its siblings (`from my_tools import ...`) as a script would
+        sys.path.insert(0, folder)
+    try:
+        module_spec.loader.exec_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"{path} failed to import: {exc} (its own folder {folder} is on the import path; "
+                          "install other packages it needs)") from None
+    finally:
+        if added:
+            sys.path.remove(folder)
     factory = getattr(module, func_name, None)
     if factory is None or not callable(factory):
         raise ConfigError(f"{path} has no function {func_name!r}")

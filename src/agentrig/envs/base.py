@@ -17,6 +17,10 @@ needs one says so:
 - `tool_aliases`, `param_aliases`: other names and descriptions for tools and parameters (`--rename`).
 - `drift_names`: how a `schema_drift` fault renames an output field (others get a `_v2` suffix).
 - `side_effect_tools`: tools that change the state; faults only ever stop them before they run.
+- `eval_splits`: the splits `agentrig eval` measures when `--split` is not given.
+- `pool_size(split)`: how many distinct tasks a split holds, for an environment with a finite task list;
+  `agentrig eval` then takes at most that many (and any environment that repeats a task id within one
+  split is refused, since its episodes would share the id `TASK_ID#TRIAL`).
 
 Custom environments live in a user file and are loaded with `load_env("path/to/file.py:make_env")`.
 """
@@ -65,6 +69,8 @@ class Environment(ABC):
     drift_names: ClassVar[Mapping[str, str]] = {}
     # tools with side effects: a fault that needs the real output is replaced by one that stops the call
     side_effect_tools: ClassVar[tuple[str, ...]] = ()
+    # the splits `agentrig eval` measures by default
+    eval_splits: ClassVar[tuple[str, ...]] = ("test", "test_unseen_tools")
 
     @abstractmethod
     def tasks(self, split: str, n: int, seed: int = 0, start: int = 0,
@@ -96,6 +102,14 @@ class Environment(ABC):
         `collect --balance` turns these into `family_weights` that even out how often each tool is called.
         """
         return {}
+
+    def pool_size(self, split: str) -> int | None:
+        """How many distinct tasks `split` holds; None (the default) when its tasks are generated without end.
+
+        `agentrig eval` takes at most this many tasks of the split, so a finite task list is never wrapped
+        around into repeats.
+        """
+        return None
 
     def close(self, state: Any) -> None:
         """Release an episode's state (connections, files); the default does nothing."""

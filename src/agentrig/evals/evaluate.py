@@ -28,7 +28,7 @@ from agentrig.evals.metrics import MetricSet, compute_metrics
 from agentrig.harness.protocol import TOOL_LISTINGS
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
 
-DEFAULT_SPLITS = ("test", "test_unseen_tools")
+POLICIES = ("model", "expert")
 
 
 @dataclass
@@ -36,8 +36,8 @@ class EvalConfig:
     """What to evaluate on; saved into metrics.json beside the results."""
 
     env: str = "datadesk"  # "datadesk" or "path/to/file.py:make_env"
-    splits: list[str] = field(default_factory=lambda: list(DEFAULT_SPLITS))  # each split's results are kept apart
-    limit: int = 50  # tasks per split
+    splits: list[str] | None = None  # each split's results are kept apart; None: the environment's eval_splits
+    limit: int = 50  # tasks per split (at most the split's pool_size)
     trials: int = 1  # runs per task (pass^k needs k <= trials; with greedy decoding trials are identical)
     faults: float = 0.0  # probability that a tool call gets an injected fault (timeout, error, no result)
     seed: int = 0  # task seed and fault seed
@@ -88,20 +88,16 @@ def run_eval(
     """Evaluate one policy: run, check and measure every (split, task, trial) episode.
 
     `env` defaults to `load_env(config.env)`; `on_episode` is called with each checked episode (progress).
-    Episode ids are `TASK_ID#TRIAL`; `episode.metadata` records the trial and the injected-fault rate.
+    Episode ids are `TASK_ID#TRIAL` (a stateful policy such as an expert keys its episodes by them);
+    `episode.metadata` records the trial and the injected-fault rate. `config.splits` left None becomes the
+    environment's `eval_splits`.
     """
     from agentrig.envs import load_env
 
     env = env if env is not None else load_env(config.env)
-    for split in config.splits:
-        try:
-            env.check_split(split)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    jobs: list[tuple[TaskSpec, int]] = []
-    for split in config.splits:
-        for trial in range(config.trials):
-            jobs += [(task, trial) for task in env.tasks(split, config.limit, seed=config.seed)]
+    if config.splits is None:
+        config.splits = list(env.eval_splits)
+    jobs = _jobs(env, config)
     episodes: list[Episode] = []
     started = time.perf_counter()
     # Tool states are opened per chunk, not all at once: a state may hold database connections.
@@ -126,9 +122,33 @@ def run_eval(
             if on_episode is not None:
                 on_episode(episode)
 
-        episodes += run_episodes(harness_jobs, policy, config.harness, batch_size=config.batch_size, on_done=done)
+        episodes += run_episodes(harness_jobs, policy, config.harness, batch_size=config.batch_size, on_done=done,
+                                 episode_ids=[f"{task.id}#{trial}" for task, trial in part])
     wall = time.perf_counter() - started
     return EvalResult(metrics=compute_metrics(episodes), episodes=episodes, wall_s=wall)
+
+
+def _jobs(env: Any, config: EvalConfig) -> list[tuple[TaskSpec, int]]:
+    """(task, trial) of every episode: each split's first `limit` tasks (at most its pool), each trial."""
+    assert config.splits is not None
+    jobs: list[tuple[TaskSpec, int]] = []
+    for split in config.splits:
+        try:
+            env.check_split(split)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        pool = env.pool_size(split)
+        tasks = env.tasks(split, config.limit if pool is None else min(config.limit, pool), seed=config.seed)
+        seen: set[str] = set()
+        for task in tasks:
+            if task.id in seen:
+                raise ConfigError(f"environment {env.name!r} returned task id {task.id!r} twice in split {split!r}; "
+                                  "give every task its own id, or make pool_size(split) return how many distinct "
+                                  "tasks the split holds (docs/environments.md)")
+            seen.add(task.id)
+        for trial in range(config.trials):
+            jobs += [(task, trial) for task in tasks]
+    return jobs
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -136,6 +156,9 @@ def run_eval(
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `agentrig eval`."""
+    parser.add_argument("--policy", default="model", choices=list(POLICIES),
+                        help="`model` (default): the model and its adapters; `expert`: the environment's expert "
+                             "teacher, to check an environment's tasks and checker")
     parser.add_argument("--model", default="smollm2-135m", help="base model name or folder; with --base-url, the served model name")
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                         help="a LoRA adapter to evaluate (repeatable); each is evaluated separately unless --route is given")
@@ -144,7 +167,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "evaluates one routed policy")
     parser.add_argument("--include-base", action="store_true", help="also evaluate the base model without adapters")
     parser.add_argument("--env", default="datadesk", help="environment: datadesk or path/to/file.py:make_env")
-    parser.add_argument("--split", default=",".join(DEFAULT_SPLITS), help="comma-separated splits (default: %(default)s)")
+    parser.add_argument("--split", default=None,
+                        help="comma-separated splits (default: the environment's eval_splits; datadesk: test,test_unseen_tools)")
     parser.add_argument("--limit", type=int, default=50, help="tasks per split (default: %(default)s)")
     parser.add_argument("--trials", type=int, default=1, help="runs per task, for pass^k (use --temperature > 0)")
     parser.add_argument("--faults", type=float, default=0.0, metavar="RATE", help="probability of an injected tool fault")
@@ -195,20 +219,32 @@ def main(args: argparse.Namespace) -> int:
         if not Path(folder).is_dir():
             raise ConfigError(f"--adapter {name}={folder}: no such folder")
     harness = HarnessConfig(max_steps=args.max_steps, tool_listing=args.tool_listing)
-    config = EvalConfig(env=args.env, splits=[s for s in args.split.split(",") if s], limit=args.limit,
+    splits = None if args.split is None else [s for s in args.split.split(",") if s]
+    config = EvalConfig(env=args.env, splits=splits, limit=args.limit,
                         trials=args.trials, faults=args.faults, seed=args.seed, batch_size=args.batch_size, harness=harness)
     if args.trials > 1 and args.temperature == 0:
         console.print("[yellow]note:[/] with greedy decoding every trial is identical; pass --temperature for pass^k")
 
+    from agentrig.envs import load_env
     from agentrig.policies.loader import PolicySpec, load_policy
 
-    if args.base_url:
+    env = load_env(args.env)
+    config.splits = config.splits or list(env.eval_splits)
+    _jobs(env, config)  # bad splits and repeated task ids are refused before anything is written
+    if args.policy == "expert":
+        if adapters or route or args.base_url:
+            raise ConfigError("--policy expert runs the environment's own teacher: drop --adapter/--route/--base-url")
+        policy: Any = env.expert()
+        if policy is None:
+            raise ConfigError(f"environment {env.name!r} has no expert teacher (Environment.expert returns None)")
+        variants: dict[str, Any] = {"expert": None}
+    elif args.base_url:
         if adapters or route:
             raise ConfigError("--adapter/--route load local adapters; with --base-url choose the adapter by --model")
-        policy: Any = load_policy(PolicySpec(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
-                                             temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                             protocol=harness.protocol, concurrency=args.concurrency, seed=args.seed))
-        variants: dict[str, Any] = {args.model: None}
+        policy = load_policy(PolicySpec(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                                        temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                        protocol=harness.protocol, concurrency=args.concurrency, seed=args.seed))
+        variants = {args.model: None}
     else:
         policy = load_policy(PolicySpec(args.model, adapters=adapters, max_new_tokens=args.max_new_tokens,
                                         temperature=args.temperature, seed=args.seed, batch_size=args.batch_size))
@@ -218,39 +254,45 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, EvalResult] = {}
     for name, rule in variants.items():
-        if args.base_url is None:
+        if rule is not None:
             policy.use(rule)
-        results[name] = run_eval_with_progress(policy, config, name, console)
+        results[name] = run_eval_with_progress(policy, config, name, console, env=env)
         write_episodes(out / f"episodes_{_safe(name)}.jsonl", results[name].episodes)
 
     metric_sets = {name: r.metrics for name, r in results.items()}
     payload = {
-        "config": {**asdict(config), "model": args.model, "adapters": adapters, "route": route,
+        "config": {**asdict(config), "policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
                    "base_url": args.base_url, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
         "results": {name: r.metrics.to_dict() for name, r in results.items()},
         "throughput": {name: {"wall_s": r.wall_s, "episodes_per_minute": r.episodes_per_minute} for name, r in results.items()},
     }
     (out / "metrics.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
     last = list(results.values())[-1]
+    who = "the expert teacher" if args.policy == "expert" else args.model
     files = write_report(out, metric_sets, transcripts=pick_transcripts(last.episodes, 3),
                          failures=failure_examples(last.episodes),
-                         title=f"agentrig eval: {args.model} on {args.env}",
-                         notes=[f"splits {args.split}, {args.limit} tasks per split, {args.trials} trial(s), "
+                         title=f"agentrig eval: {who} on {args.env}",
+                         notes=[f"splits {','.join(config.splits)}, {args.limit} tasks per split, {args.trials} trial(s), "
                                 f"fault rate {args.faults}, seed {args.seed}"])
-    console.print(rich_table(metric_sets, title=f"{args.model} on {args.env}"))
+    console.print(rich_table(metric_sets, title=f"{who} on {args.env}"))
     console.print(f"wrote {out / 'metrics.json'}, {files.markdown}, {files.html}")
     return 0
 
 
-def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, console: Any) -> EvalResult:
+def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, console: Any, env: Any = None) -> EvalResult:
     """`run_eval` with a progress bar named `name` on `console` (the bar vanishes when stdout is not a terminal)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    total = config.limit * config.trials * len(config.splits)
+    from agentrig.envs import load_env
+
+    env = env if env is not None else load_env(config.env)
+    if config.splits is None:
+        config.splits = list(env.eval_splits)
+    total = len(_jobs(env, config))
     with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=not sys.stdout.isatty()) as progress:
         bar = progress.add_task(name, total=total)
-        return run_eval(policy, config, on_episode=lambda ep: progress.advance(bar))
+        return run_eval(policy, config, env=env, on_episode=lambda ep: progress.advance(bar))
 
 
 def _safe(name: str) -> str:

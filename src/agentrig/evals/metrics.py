@@ -239,9 +239,9 @@ def invalid_calls(episodes: Iterable[Episode]) -> tuple[Rate, dict[str, Rate]]:
 
 
 def recovery_rate(episodes: Iterable[Episode]) -> Rate:
-    """Episodes with at least one injected fault that still succeeded / episodes with an injected fault."""
+    """Recovered episodes (`Episode.recovered`) / episodes with at least one injected fault."""
     faulted = [e for e in episodes if e.faults]
-    return Rate(sum(1 for e in faulted if e.success), len(faulted))
+    return Rate(sum(1 for e in faulted if e.recovered), len(faulted))
 
 
 def honest_failure_rate(episodes: Iterable[Episode]) -> Rate:

@@ -170,9 +170,13 @@ class Episode:
 
     @property
     def recovered(self) -> bool:
-        """An injected fault or failed call happened and the episode still succeeded."""
-        had_failure = bool(self.faults) or any(not r.ok for s in self.steps for r in s.results)
-        return bool(self.success) and had_failure
+        """The one definition of "recovered": at least one injected fault, and the episode still succeeded.
+
+        The metrics' recovery rate (`evals.metrics.recovery_rate`), collection's counts and the data's
+        `recovered` label all read this. The model's own failed calls are measured apart (tool-call success,
+        invalid calls), so a rate over injected faults compares runs with the same fault seed.
+        """
+        return bool(self.success) and bool(self.faults)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
