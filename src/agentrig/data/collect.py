@@ -10,7 +10,8 @@ Resume: `--resume` reads the file, cuts a torn last line, checks that the saved 
 (`OUT.meta.json`) match, and continues at the next index. Because everything is a function of
 (seed, index), a resumed file equals an uninterrupted one except timing fields (`TIMING_FIELDS`).
 `--workers N` runs expert episodes in N processes (spawned); results are still written in order.
-Other teachers (`openai`, `model`) run in this process, batched with `run_episodes`.
+Other teachers (`openai`, `model`) run in this process, batched. Every episode goes through
+`envs.runner.TaskRunner`, the task lifecycle evaluation shares (setup, fault hook, run, check, close).
 """
 
 from __future__ import annotations
@@ -97,19 +98,19 @@ _WORKER: dict[str, Any] = {}
 
 
 def _setup_worker(cfg: CollectConfig) -> None:
-    """Per-process state: environment, teacher, fault config, harness config."""
+    """Per-process state: environment, task runner (harness, faults), augmentation, teacher."""
     from agentrig.envs import load_env
+    from agentrig.envs.runner import TaskRunner
     from agentrig.harness import HarnessConfig
 
     env = load_env(cfg.env)
     if cfg.rename > 0 and not env.tool_aliases:
         raise ConfigError(f"--rename needs other names for the tools, and environment {env.name!r} has none: "
                           "set its `tool_aliases` (and `param_aliases`), see docs/environments.md")
-    facts: dict[str, Any] = {"no_mutate": tuple(env.side_effect_tools), "drift_names": dict(env.drift_names)}
-    faults = FaultConfig(rates=cfg.fault_rates, **facts) if cfg.fault_rates else FaultConfig.from_total(cfg.faults, **facts)
+    faults = TaskRunner.env_faults(env, cfg.faults, cfg.fault_rates)
+    harness = HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing)
     _WORKER.clear()
-    _WORKER.update(cfg=cfg, env=env, harness=HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing),
-                   faults=faults,
+    _WORKER.update(cfg=cfg, env=env, runner=TaskRunner(env, harness, faults, seed=cfg.seed),
                    augment=Augment(paraphrase=cfg.paraphrase, rename=cfg.rename, detour_rate=cfg.detours,
                                    balance=cfg.balance),
                    weights=_family_weights(env, cfg))
@@ -134,45 +135,31 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
     return expert
 
 
-def prepare(index: int) -> tuple[Any, Any, Any, Any]:
-    """Task, tools, state and fault hook of episode `index` (in the current worker)."""
+def prepare(index: int) -> Any:
+    """Episode `index`'s task, opened by the worker's `TaskRunner` with this index's augmentation."""
     cfg: CollectConfig = _WORKER["cfg"]
     env = _WORKER["env"]
     task = env.tasks(cfg.split, 1, seed=cfg.seed, start=index, **({"family_weights": _WORKER["weights"]}
                                                                  if _WORKER["weights"] else {}))[0]
-    tools, state = env.setup(task)
-    rng = random.Random(f"augment/{cfg.seed}/{index}")
-    aug: Augment = _WORKER["augment"]
-    if aug.paraphrase and rng.random() < aug.paraphrase:
-        task.prompt = paraphrase(task.prompt, rng)
-    if aug.rename and cfg.split == "train" and rng.random() < aug.rename:
-        task, tools = apply_rename(task, tools, rng, env.tool_aliases, env.param_aliases)
-    task.metadata["collect"] = {"index": index, "seed": cfg.seed, "teacher": cfg.teacher}
-    renames = (task.metadata.get("rename") or {}).get("tools")
-    hook = _WORKER["faults"].injector(f"{cfg.seed}/{index}", renames) if _WORKER["faults"].total > 0 else None
-    return task, tools, state, hook
 
+    def augment(task: Any, tools: Any) -> tuple[Any, Any]:
+        rng = random.Random(f"augment/{cfg.seed}/{index}")
+        aug: Augment = _WORKER["augment"]
+        if aug.paraphrase and rng.random() < aug.paraphrase:
+            task.prompt = paraphrase(task.prompt, rng)
+        if aug.rename and cfg.split == "train" and rng.random() < aug.rename:
+            task, tools = apply_rename(task, tools, rng, env.tool_aliases, env.param_aliases)
+        task.metadata["collect"] = {"index": index, "seed": cfg.seed, "teacher": cfg.teacher}
+        return task, tools
 
-def finish(task: Any, state: Any, episode: Any) -> str:
-    """Check the episode, label it, release the state; the JSONL line."""
-    from agentrig.harness.trajectory import dumps_episode
-
-    env = _WORKER["env"]
-    result = env.check(task, state, episode)
-    env.close(state)
-    episode.success = result.success
-    episode.check = result.to_dict()
-    return dumps_episode(episode)
+    return _WORKER["runner"].open(task, task.id, f"{cfg.seed}/{index}", transform=augment)
 
 
 def run_one(index: int) -> str:
     """Episode `index` with the expert teacher, as its JSONL line."""
-    from agentrig.harness import run_episode
+    from agentrig.harness.trajectory import dumps_episode
 
-    task, tools, state, hook = prepare(index)
-    ep = run_episode(task, tools, _WORKER["teacher"], _WORKER["harness"], tool_hook=hook,
-                     episode_id=task.id, seed=_WORKER["cfg"].seed)
-    return finish(task, state, ep)
+    return dumps_episode(_WORKER["runner"].run([prepare(index)], _WORKER["teacher"], batch_size=1)[0])
 
 
 # -- the file: resume, torn lines, ordered appends ----------------------------------------------
@@ -233,16 +220,14 @@ def _lines(cfg: CollectConfig, start: int) -> Iterator[str]:
         for i in indices:
             yield run_one(i)
         return
-    from agentrig.harness import run_episodes
+    from agentrig.harness.trajectory import dumps_episode
 
     policy = _remote_teacher(cfg)
     try:
         for lo in range(start, cfg.episodes, cfg.batch_size):
             batch = [prepare(i) for i in range(lo, min(lo + cfg.batch_size, cfg.episodes))]
-            eps = run_episodes([(t, tl, h) for t, tl, _s, h in batch], policy, _WORKER["harness"],
-                               batch_size=cfg.batch_size, episode_ids=[t.id for t, *_ in batch])
-            for (task, _tl, state, _h), ep in zip(batch, eps):
-                yield finish(task, state, ep)
+            for ep in _WORKER["runner"].run(batch, policy, batch_size=cfg.batch_size):
+                yield dumps_episode(ep)
     finally:
         close = getattr(policy, "close", None)
         if close is not None:

@@ -2,9 +2,9 @@
 test tasks through the harness, check every episode, and write metrics.json, report.md and PNG plots.
 
 `run_eval(policy, config)` is the reusable stage (the main job `agentrig run` calls it too): it builds one
-job per (split, task, trial) with a fresh tool state each, optionally wraps tool execution in seeded fault
-injection, steps the episodes in lockstep with `run_episodes` (one batched model call per round), checks
-each episode with the environment's checker and returns the metrics with the episodes.
+job per (split, task, trial) and runs them through `envs.runner.TaskRunner`, the task lifecycle collection
+shares (a fresh tool state each, seeded fault injection, lockstep batches with one model call per round,
+the environment's checker), and returns the metrics with the episodes.
 The CLI evaluates each named adapter (and, on request, the base model) with one loaded base model,
 or one routed policy (`--route FAMILY=NAME`), and writes everything into `--out`.
 
@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentrig.errors import ConfigError
-from agentrig.harness import HarnessConfig, run_episodes
-from agentrig.harness.loop import ToolHook
+from agentrig.harness import HarnessConfig
 from agentrig.evals.metrics import MetricSet, compute_metrics
 from agentrig.harness.protocol import TOOL_LISTINGS
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
@@ -69,16 +68,6 @@ class EvalResult:
         return 60.0 * len(self.episodes) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _fault_hook(rate: float, seed: int, task: TaskSpec, trial: int, env: Any) -> ToolHook | None:
-    """The seeded fault injector of one episode (None when faults are off), with the environment's tool facts."""
-    if rate <= 0:
-        return None
-    from agentrig.harness.faults import FaultConfig
-
-    faults = FaultConfig.from_total(rate, no_mutate=tuple(env.side_effect_tools), drift_names=dict(env.drift_names))
-    return faults.injector(f"{seed}/{task.id}/{trial}")
-
-
 def run_eval(
     policy: Any,
     config: EvalConfig,
@@ -98,32 +87,23 @@ def run_eval(
     if config.splits is None:
         config.splits = list(env.eval_splits)
     jobs = _jobs(env, config)
+    from agentrig.envs.runner import TaskRunner
+
+    runner = TaskRunner(env, config.harness, TaskRunner.env_faults(env, config.faults))
     episodes: list[Episode] = []
     started = time.perf_counter()
     # Tool states are opened per chunk, not all at once: a state may hold database connections.
     chunk = config.batch_size * 4
     for first in range(0, len(jobs), chunk):
-        part = jobs[first : first + chunk]
-        states: list[Any] = []
-        harness_jobs = []
-        for task, trial in part:
-            tools, state = env.setup(task)
-            states.append(state)
-            harness_jobs.append((task, tools, _fault_hook(config.faults, config.seed, task, trial, env)))
+        opened = [runner.open(task, f"{task.id}#{trial}", f"{config.seed}/{task.id}/{trial}")
+                  for task, trial in jobs[first : first + chunk]]
 
-        def done(k: int, episode: Episode, part: list[tuple[TaskSpec, int]] = part, states: list[Any] = states) -> None:
-            task, trial = part[k]
-            result = env.check(task, states[k], episode)
-            env.close(states[k])
-            episode.episode_id = f"{task.id}#{trial}"
-            episode.success = result.success
-            episode.check = result.to_dict()
-            episode.metadata.update({"trial": trial, "faults_rate": config.faults})
+        def done(k: int, episode: Episode, trials: list[int] = [t for _, t in jobs[first : first + chunk]]) -> None:
+            episode.metadata.update({"trial": trials[k], "faults_rate": config.faults})
             if on_episode is not None:
                 on_episode(episode)
 
-        episodes += run_episodes(harness_jobs, policy, config.harness, batch_size=config.batch_size, on_done=done,
-                                 episode_ids=[f"{task.id}#{trial}" for task, trial in part])
+        episodes += runner.run(opened, policy, batch_size=config.batch_size, on_done=done)
     wall = time.perf_counter() - started
     return EvalResult(metrics=compute_metrics(episodes), episodes=episodes, wall_s=wall)
 

@@ -295,11 +295,12 @@ def run_episodes(
     token_counter: Callable[[str], int] | None = None,
     on_done: Callable[[int, Episode], None] | None = None,
     episode_ids: Sequence[str] | None = None,
+    seed: int | None = None,
 ) -> list[Episode]:
     """Run many episodes in lockstep: each round, every live episode asks once, in one batch call.
 
     Episodes come back in job order. `on_done(job_index, episode)` is called as each episode ends
-    (progress bars, streaming writes). Episode ids default to the task ids.
+    (progress bars, streaming writes). Episode ids default to the task ids; `seed` is recorded in each.
     """
     pending = deque(enumerate(jobs))
     live: list[tuple[int, EpisodeRunner]] = []
@@ -308,7 +309,7 @@ def run_episodes(
         while pending and len(live) < batch_size:
             k, (task, tools, hook) = pending.popleft()
             eid = episode_ids[k] if episode_ids is not None else task.id
-            live.append((k, EpisodeRunner(task, tools, config, hook, token_counter, episode_id=eid)))
+            live.append((k, EpisodeRunner(task, tools, config, hook, token_counter, episode_id=eid, seed=seed)))
         asks: list[tuple[int, EpisodeRunner, PolicyRequest]] = []
         for k, runner in live:
             req = runner.request()
