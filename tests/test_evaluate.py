@@ -146,6 +146,9 @@ def test_eval_cli_writes_metrics_report_and_plots(tiny_model_dir: Path, tmp_path
                  "--max-new-tokens", "6", "--out", str(out)])
     assert code == 0
     payload = json.loads((out / "metrics.json").read_text())
+    assert payload["schema"] == "agentrig.metrics/1"  # the schema `agentrig run` writes too (test_run)
+    assert set(payload) == {"schema", "config", "limits", "results", "throughput", "episodes"}
+    assert payload["episodes"] == {"base": "episodes_base.jsonl", "sft": "episodes_sft.jsonl"}
     assert list(payload["results"]) == ["base", "sft"]
     assert payload["results"]["sft"]["episodes"] == 4
     assert payload["config"]["limit"] == 2 and payload["config"]["adapters"]["sft"].endswith("adapter")

@@ -51,7 +51,10 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     used = (out / "dpo_pairs.jsonl").read_text().splitlines()
     assert pairs["used"] == len(used) == min(pairs["pairs"], 2) and sum(pairs["used_kinds"].values()) == len(used)
     assert len((out / "dpo_pairs_all.jsonl").read_text().splitlines()) == pairs["pairs"]
-    metrics = json.loads((out / "eval" / "metrics.json").read_text())["results"]
+    payload = json.loads((out / "eval" / "metrics.json").read_text())
+    assert payload["schema"] == "agentrig.metrics/1"  # one schema with `agentrig eval` (test_evaluate)
+    assert set(payload) == {"schema", "config", "limits", "results", "throughput", "episodes"}
+    metrics = payload["results"]
     assert set(metrics) == {"base", "sft"}
     assert set(json.loads((out / "eval_dpo" / "metrics.json").read_text())["results"]) == {"sft+dpo"}
     html = (out / "report.html").read_text()

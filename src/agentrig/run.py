@@ -167,7 +167,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
 def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str],
               folder: str = "eval", limits: dict[str, int] | None = None, splits: list[str] | None = None) -> dict[str, Any]:
     """Evaluate each variant (`limits[name]` tasks per split, default `prof.eval_limit`) on `splits`."""
-    from agentrig.evals.evaluate import EvalConfig, run_eval_with_progress
+    from agentrig.evals.evaluate import EvalConfig, episodes_file, run_eval_with_progress, write_metrics
     from agentrig.harness import HarnessConfig
     from agentrig.harness.trajectory import write_episodes
     from agentrig.policies.loader import PolicySpec, load_policy
@@ -177,19 +177,19 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     out = root / folder
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    configs: dict[str, Any] = {}
+    configs: dict[str, EvalConfig] = {}
+    evals: dict[str, Any] = {}
     for name in variants:
         policy.use(name)
-        econfig = EvalConfig(env=cfg.env, splits=splits or EVAL_SPLITS, limit=(limits or {}).get(name, prof.eval_limit),
-                             faults=prof.eval_faults, seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
-        configs[name] = asdict(econfig)
-        res = run_eval_with_progress(policy, econfig, name, Console())
-        write_episodes(out / f"episodes_{name.replace('+', '_')}.jsonl", res.episodes)
+        configs[name] = EvalConfig(env=cfg.env, splits=splits or EVAL_SPLITS,
+                                   limit=(limits or {}).get(name, prof.eval_limit), faults=prof.eval_faults,
+                                   seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
+        evals[name] = res = run_eval_with_progress(policy, configs[name], name, Console())
+        write_episodes(out / episodes_file(name), res.episodes)
         results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
-                         "episodes_file": str(out / f"episodes_{name.replace('+', '_')}.jsonl")}
-    # one schema with `agentrig eval`'s metrics.json: the config of the last variant, plus each variant's task count
-    payload = {"config": configs[variants[-1]], "limits": {n: c["limit"] for n, c in configs.items()}, "results": results}
-    (out / "metrics.json").write_text(json.dumps(payload, indent=1))
+                         "episodes_file": str(out / episodes_file(name))}
+    write_metrics(out, configs, evals, {"policy": "model", "model": cfg.model, "adapters": adapters,
+                                        "max_new_tokens": prof.eval_max_new_tokens})
     return results
 
 

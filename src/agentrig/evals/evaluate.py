@@ -237,16 +237,12 @@ def main(args: argparse.Namespace) -> int:
         if rule is not None:
             policy.use(rule)
         results[name] = run_eval_with_progress(policy, config, name, console, env=env)
-        write_episodes(out / f"episodes_{_safe(name)}.jsonl", results[name].episodes)
+        write_episodes(out / episodes_file(name), results[name].episodes)
 
     metric_sets = {name: r.metrics for name, r in results.items()}
-    payload = {
-        "config": {**asdict(config), "policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
-                   "base_url": args.base_url, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
-        "results": {name: r.metrics.to_dict() for name, r in results.items()},
-        "throughput": {name: {"wall_s": r.wall_s, "episodes_per_minute": r.episodes_per_minute} for name, r in results.items()},
-    }
-    (out / "metrics.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    policy_config = {"policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
+                     "base_url": args.base_url, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
+    write_metrics(out, {name: config for name in results}, results, policy_config)
     last = list(results.values())[-1]
     who = "the expert teacher" if args.policy == "expert" else args.model
     files = write_report(out, metric_sets, transcripts=pick_transcripts(last.episodes, 3),
@@ -257,6 +253,38 @@ def main(args: argparse.Namespace) -> int:
     console.print(rich_table(metric_sets, title=f"{who} on {args.env}"))
     console.print(f"wrote {out / 'metrics.json'}, {files.markdown}, {files.html}")
     return 0
+
+
+METRICS_SCHEMA = "agentrig.metrics/1"
+
+
+def write_metrics(out: Path, configs: dict[str, EvalConfig], results: dict[str, EvalResult],
+                  policy: dict[str, Any] | None = None) -> Path:
+    """`out/metrics.json`, the one schema `agentrig eval` and `agentrig run` both write.
+
+    Keys: `schema`; `config` (the last variant's `EvalConfig` plus `policy`: how the model was loaded);
+    `limits` (variant -> tasks per split, since the main job evaluates the base model on fewer);
+    `results` (variant -> `MetricSet.to_dict()`); `throughput` (variant -> wall seconds, episodes per
+    minute); `episodes` (variant -> its episodes file name in `out`).
+    """
+    last = list(configs.values())[-1]
+    payload = {
+        "schema": METRICS_SCHEMA,
+        "config": {**asdict(last), **(policy or {})},
+        "limits": {name: c.limit for name, c in configs.items()},
+        "results": {name: r.metrics.to_dict() for name, r in results.items()},
+        "throughput": {name: {"wall_s": round(r.wall_s, 1), "episodes_per_minute": round(r.episodes_per_minute, 2)}
+                       for name, r in results.items()},
+        "episodes": {name: episodes_file(name) for name in results},
+    }
+    path = Path(out) / "metrics.json"
+    path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    return path
+
+
+def episodes_file(name: str) -> str:
+    """The file name of a variant's episodes in an eval folder."""
+    return f"episodes_{_safe(name)}.jsonl"
 
 
 def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, console: Any, env: Any = None) -> EvalResult:
