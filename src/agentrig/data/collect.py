@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from agentrig.config import add_flags, from_args, load_saved, opt, save_config
 from agentrig.data.augment import Augment, apply_rename, flatten_weights, paraphrase
 from agentrig.errors import ConfigError
 from agentrig.harness.faults import FaultConfig
@@ -34,34 +35,52 @@ from agentrig.harness.protocol import TOOL_LISTINGS
 
 # Fields that hold measured times; everything else in a line is a function of the settings and index.
 TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
+TEACHERS = ("expert", "openai", "model")
 _FSYNC_EVERY_S = 0.05
+
+
+def _fault_rates(text: str) -> dict[str, float]:
+    return FaultConfig.parse(text).rates if text else {}
 
 
 @dataclass
 class CollectConfig:
-    """Settings of one collection (saved beside the output as OUT.meta.json)."""
+    """Settings of one collection (saved beside the output as OUT.meta.json); each field is a flag."""
 
-    env: str = "datadesk"
-    split: str = "train"
-    episodes: int = 100
-    teacher: str = "expert"  # expert | openai | model
-    model: str | None = None
-    base_url: str | None = None
-    adapter: str | None = None
-    temperature: float = 0.0
-    max_new_tokens: int = 256  # generation limit per step (model and openai teachers)
-    faults: float = 0.25
-    fault_rates: dict[str, float] = field(default_factory=dict)  # overrides `faults` when given
-    seed: int = 0
-    out: str = "data/train.jsonl"
-    workers: int = 1
-    paraphrase: float = 0.3
-    rename: float = 0.0
-    detours: float = 0.1
-    balance: bool = False
-    max_steps: int = 12
-    tool_listing: str = "compact"  # HarnessConfig.tool_listing: how the system prompt lists the tools
-    batch_size: int = 16
+    env: str = opt("datadesk", "'datadesk' or path/to/file.py:make_env")
+    split: str = opt("train", "train, dev, test or test_unseen_tools (or the environment's own splits)")
+    episodes: int = opt(100, "total episodes in the output")
+    teacher: str = opt("expert", "who acts: the environment's expert, an OpenAI-compatible endpoint, or a local model",
+                       choices=TEACHERS)
+    model: str | None = opt(None, "model name (openai) or name/folder (model teacher)")
+    base_url: str | None = opt(None, "OpenAI-compatible API root (--teacher openai); key from OPENAI_API_KEY")
+    adapter: str | None = opt(None, "LoRA adapter folder for --teacher model")
+    temperature: float = opt(0.0, "sampling temperature (model/openai teachers)")
+    max_new_tokens: int = opt(256, "generation limit per step (model/openai teachers)")
+    faults: float = opt(0.25, "share of tool calls that get an injected fault")
+    fault_rates: dict[str, float] = opt(help="per-kind rates, e.g. timeout=0.1,error_503=0.05 (overrides --faults)",
+                                        factory=dict, parse=_fault_rates, metavar="KIND=RATE,...")
+    seed: int = opt(0, "task, augmentation and fault seed")
+    out: str = opt("data/train.jsonl", "episodes file (JSONL); its settings go to OUT.meta.json")
+    workers: int = opt(1, "processes (expert teacher)")
+    paraphrase: float = opt(0.3, "share of prompts lightly rewritten")
+    rename: float = opt(0.0, "share of train episodes with renamed tools (needs the environment's tool_aliases)")
+    detours: float = opt(0.1, "share of episodes with a detour step (a rejected call, masked in training)")
+    balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
+    max_steps: int = opt(12, "harness step limit per episode")
+    tool_listing: str = opt("compact", "how the system prompt lists tools (keep it the same for training and "
+                            "evaluation)", choices=TOOL_LISTINGS)
+    batch_size: int = opt(16, "episodes stepping together (model/openai teachers)")
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "workers", "max_steps", "batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("faults", "paraphrase", "rename", "detours"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"--{name} is a share between 0 and 1, got {getattr(self, name)}")
+        if self.teacher not in TEACHERS:
+            raise ConfigError(f"unknown teacher {self.teacher!r}: use {', '.join(TEACHERS)}")
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide the content (not where or how fast it is produced)."""
@@ -200,8 +219,9 @@ def _check_meta(cfg: CollectConfig, out: Path) -> None:
     meta = _meta_path(out)
     if not meta.exists():
         raise ConfigError(f"--resume: {meta} is missing, so the settings of {out} are unknown; start without --resume")
-    saved = json.loads(meta.read_text())
+    saved = load_saved(meta)  # the whole config (save_config), or only its identity (files from before)
     saved.setdefault("tool_listing", "json")  # collected before the setting existed: tools were listed as JSON
+    saved = {k: v for k, v in saved.items() if k in cfg.identity()}
     if saved != cfg.identity():
         diff = sorted(k for k in set(saved) | set(cfg.identity()) if saved.get(k) != cfg.identity().get(k))
         raise ConfigError(f"--resume: settings differ from those {out} was collected with: {', '.join(diff)}")
@@ -249,7 +269,7 @@ def _remote_teacher(cfg: CollectConfig) -> Any:
         adapters = {"adapter": cfg.adapter} if cfg.adapter else None
         return load_policy(PolicySpec(cfg.model, adapters=adapters, temperature=cfg.temperature, seed=cfg.seed,
                                       max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size))
-    raise ConfigError(f"unknown teacher {cfg.teacher!r}: use expert, openai or model")
+    raise ConfigError(f"unknown teacher {cfg.teacher!r}: use {', '.join(TEACHERS)}")
 
 
 def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
@@ -258,8 +278,6 @@ def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
 
     `progress` shows the live bar; `summary` prints the tables at the end (default: as `progress`).
     """
-    if cfg.workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {cfg.workers}")
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if resume and out.exists():
@@ -268,7 +286,7 @@ def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
     else:
         start = 0
         out.write_bytes(b"")
-        _meta_path(out).write_text(json.dumps(cfg.identity(), indent=1))
+        save_config(cfg, _meta_path(out))
     started = time.perf_counter()
     written = 0
     live = _LiveCounts()
@@ -384,41 +402,13 @@ def print_summary(s: CollectSummary) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags of `agentrig collect`."""
-    d = CollectConfig()
-    parser.add_argument("--env", default=d.env, help="'datadesk' or path/to/file.py:make_env")
-    parser.add_argument("--split", default=d.split, help="train, dev, test or test_unseen_tools")
-    parser.add_argument("--episodes", type=int, default=d.episodes, help="total episodes in the output")
-    parser.add_argument("--teacher", default=d.teacher, choices=["expert", "openai", "model"])
-    parser.add_argument("--model", default=None, help="model name (openai) or name/folder (model teacher)")
-    parser.add_argument("--base-url", default=None, help="OpenAI-compatible API root; key from OPENAI_API_KEY")
-    parser.add_argument("--adapter", default=None, help="LoRA adapter folder for --teacher model")
-    parser.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (model/openai teachers)")
-    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="generation limit per step (model/openai teachers)")
-    parser.add_argument("--faults", type=float, default=d.faults, help="share of tool calls that get a fault")
-    parser.add_argument("--fault-rates", default="", help="per-kind rates, e.g. timeout=0.1,error_503=0.05")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--out", default=d.out)
-    parser.add_argument("--workers", type=int, default=d.workers, help="processes (expert teacher)")
+    """Flags of `agentrig collect`: one per `CollectConfig` field, plus how to run."""
+    add_flags(parser, CollectConfig)
     parser.add_argument("--resume", action="store_true", help="continue an interrupted collection")
-    parser.add_argument("--paraphrase", type=float, default=d.paraphrase, help="share of prompts lightly rewritten")
-    parser.add_argument("--rename", type=float, default=d.rename, help="share of train episodes with renamed tools")
-    parser.add_argument("--detours", type=float, default=d.detours, help="share of episodes with a detour step")
-    parser.add_argument("--balance", action="store_true", help="flatten tool frequencies via family weights")
-    parser.add_argument("--max-steps", type=int, default=d.max_steps)
-    parser.add_argument("--tool-listing", default=d.tool_listing, choices=list(TOOL_LISTINGS),
-                        help="how the system prompt lists tools (keep it the same for training and evaluation)")
     parser.add_argument("--no-progress", action="store_true", help="no live bar (the summary tables still print)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `agentrig collect`."""
-    rates = FaultConfig.parse(args.fault_rates).rates if args.fault_rates else {}
-    cfg = CollectConfig(env=args.env, split=args.split, episodes=args.episodes, teacher=args.teacher,
-                        model=args.model, base_url=args.base_url, adapter=args.adapter,
-                        temperature=args.temperature, max_new_tokens=args.max_new_tokens, faults=args.faults, fault_rates=rates, seed=args.seed,
-                        out=args.out, workers=args.workers, paraphrase=args.paraphrase, rename=args.rename,
-                        detours=args.detours, balance=args.balance, max_steps=args.max_steps,
-                        tool_listing=args.tool_listing)
-    run_collect(cfg, resume=args.resume, progress=not args.no_progress, summary=True)
+    run_collect(from_args(CollectConfig, args), resume=args.resume, progress=not args.no_progress, summary=True)
     return 0

@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from agentrig.config import add_flags, comma_list, from_args, opt
 from agentrig.errors import ConfigError
 from agentrig.harness import HarnessConfig
 from agentrig.evals.metrics import MetricSet, compute_metrics
-from agentrig.harness.protocol import TOOL_LISTINGS
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
 
 POLICIES = ("model", "expert")
@@ -34,14 +34,17 @@ POLICIES = ("model", "expert")
 class EvalConfig:
     """What to evaluate on; saved into metrics.json beside the results."""
 
-    env: str = "datadesk"  # "datadesk" or "path/to/file.py:make_env"
-    splits: list[str] | None = None  # each split's results are kept apart; None: the environment's eval_splits
-    limit: int = 50  # tasks per split (at most the split's pool_size)
-    trials: int = 1  # runs per task (pass^k needs k <= trials; with greedy decoding trials are identical)
-    faults: float = 0.0  # probability that a tool call gets an injected fault (timeout, error, no result)
-    seed: int = 0  # task seed and fault seed
-    batch_size: int = 16  # episodes stepping together
-    harness: HarnessConfig = field(default_factory=HarnessConfig)
+    env: str = opt("datadesk", "environment: datadesk or path/to/file.py:make_env")
+    splits: list[str] | None = opt(None, "comma-separated splits, each measured apart (default: the environment's "
+                                   "eval_splits; datadesk: test,test_unseen_tools)", flag="--split", parse=comma_list,
+                                   metavar="SPLIT,...")
+    limit: int = opt(50, "tasks per split (at most the split's pool_size)")
+    trials: int = opt(1, "runs per task, for pass^k (use --temperature > 0)")
+    faults: float = opt(0.0, "probability that a tool call gets an injected fault (timeout, error, no result)",
+                        metavar="RATE")
+    seed: int = opt(0, "task, fault and sampling seed")
+    batch_size: int = opt(16, "episodes stepping together")
+    harness: HarnessConfig = opt(help="the harness rules (their own flags)", factory=HarnessConfig, cli=False)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -146,19 +149,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="route tasks of a family to an adapter ('*' = every other family, 'base' = no adapter); "
                              "evaluates one routed policy")
     parser.add_argument("--include-base", action="store_true", help="also evaluate the base model without adapters")
-    parser.add_argument("--env", default="datadesk", help="environment: datadesk or path/to/file.py:make_env")
-    parser.add_argument("--split", default=None,
-                        help="comma-separated splits (default: the environment's eval_splits; datadesk: test,test_unseen_tools)")
-    parser.add_argument("--limit", type=int, default=50, help="tasks per split (default: %(default)s)")
-    parser.add_argument("--trials", type=int, default=1, help="runs per task, for pass^k (use --temperature > 0)")
-    parser.add_argument("--faults", type=float, default=0.0, metavar="RATE", help="probability of an injected tool fault")
-    parser.add_argument("--seed", type=int, default=0, help="task, fault and sampling seed")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step")
-    parser.add_argument("--max-steps", type=int, default=HarnessConfig.max_steps, help="harness step limit per episode")
-    parser.add_argument("--tool-listing", default=HarnessConfig.tool_listing, choices=list(TOOL_LISTINGS),
-                        help="how the system prompt lists tools: the listing the adapter was trained with (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=16, help="episodes stepping together (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step (default: %(default)s)")
+    add_flags(parser, EvalConfig)
+    add_flags(parser.add_argument_group("harness rules (HarnessConfig)"), HarnessConfig)
     parser.add_argument("--base-url", default=None, help="evaluate a model behind an OpenAI-compatible endpoint instead")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     parser.add_argument("--concurrency", type=int, default=8, help="parallel requests with --base-url")
@@ -198,10 +192,8 @@ def main(args: argparse.Namespace) -> int:
     for name, folder in adapters.items():
         if not Path(folder).is_dir():
             raise ConfigError(f"--adapter {name}={folder}: no such folder")
-    harness = HarnessConfig(max_steps=args.max_steps, tool_listing=args.tool_listing)
-    splits = None if args.split is None else [s for s in args.split.split(",") if s]
-    config = EvalConfig(env=args.env, splits=splits, limit=args.limit,
-                        trials=args.trials, faults=args.faults, seed=args.seed, batch_size=args.batch_size, harness=harness)
+    harness = from_args(HarnessConfig, args)
+    config = from_args(EvalConfig, args, harness=harness)
     if args.trials > 1 and args.temperature == 0:
         console.print("[yellow]note:[/] with greedy decoding every trial is identical; pass --temperature for pass^k")
 

@@ -19,9 +19,10 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from agentrig.config import opt
 from agentrig.errors import AgentrigError
 from agentrig.harness.memory import compress_point, extractive_summary, with_memory
-from agentrig.harness.protocol import canonical_arguments, feedback, get_protocol
+from agentrig.harness.protocol import PROTOCOLS, TOOL_LISTINGS, canonical_arguments, feedback, get_protocol
 from agentrig.harness.policy import PolicyReply, PolicyRequest, generate_batch
 from agentrig.harness.tools import Tool, ToolSet
 from agentrig.harness.transcript import assistant_message
@@ -35,18 +36,19 @@ ToolHook = Callable[[ToolCall, Callable[[], ToolResult]], ToolResult]
 class HarnessConfig:
     """The harness rules; the same values at collection, training and inference."""
 
-    max_steps: int = 12
-    token_budget: int | None = None  # prompt + completion tokens over the whole episode
-    context_budget: int | None = None  # context tokens above which finished turns are compressed
-    wall_clock_s: float | None = None
-    stuck_repeats: int = 3  # the identical call this many times in a row ends the episode
-    switch_after_failures: int = 3  # the same tool failing this many times in a row: notice to switch
-    tool_timeout_s: float = 10.0
-    max_output_chars: int = 4000
-    protocol: str = "hermes"
-    tool_listing: str = "compact"  # how the system prompt lists tools: "compact" signature lines or Hermes's "json" specs
-    memory: bool = True  # offer the built-in `note` tool and compress finished sub-goals
-    keep_last_turns: int = 2  # turns kept verbatim when the context budget forces a compression
+    max_steps: int = opt(12, "policy steps per episode before the harness stops it")
+    token_budget: int | None = opt(None, "prompt + completion tokens over the whole episode (unset: no limit)")
+    context_budget: int | None = opt(None, "context tokens above which finished turns are compressed (unset: never)")
+    wall_clock_s: float | None = opt(None, "seconds per episode (unset: no limit)")
+    stuck_repeats: int = opt(3, "the identical call this many times in a row ends the episode")
+    switch_after_failures: int = opt(3, "the same tool failing this many times in a row: a notice to switch tools")
+    tool_timeout_s: float = opt(10.0, "seconds a tool call may take before it times out")
+    max_output_chars: int = opt(4000, "tool output characters shown to the model (the rest is cut, and says so)")
+    protocol: str = opt("hermes", "output protocol of tool calls", choices=tuple(PROTOCOLS))
+    tool_listing: str = opt("compact", "how the system prompt lists tools: compact signature lines or Hermes's json "
+                            "specs (the listing the adapter was trained with)", choices=TOOL_LISTINGS)
+    memory: bool = opt(True, "offer the built-in `note` tool and compress finished sub-goals")
+    keep_last_turns: int = opt(2, "turns kept verbatim when the context budget forces a compression")
 
 
 def approx_tokens(text: str) -> int:
