@@ -163,3 +163,19 @@ def test_renaming_never_gives_two_tools_one_name():
         assert len(set(names)) == 4, names
         assert "get" not in spec["tools"] and spec["tools"]["put"] == "store"  # `fetch` and `get` are offered
         assert "add" not in spec["tools"]  # its only alias went to `put`
+
+
+def test_resume_reads_a_meta_file_from_before_save_config(tmp_path):
+    """OUT.meta.json used to hold only the identity (and no tool_listing); such a file still resumes."""
+    out = tmp_path / "old.jsonl"
+    cfg = CollectConfig(episodes=4, out=str(out), seed=2, tool_listing="json")
+    run_collect(cfg, progress=False)
+    first = out.read_text().splitlines()
+    old = cfg.identity()
+    old.pop("tool_listing")
+    (tmp_path / "old.jsonl.meta.json").write_text(json.dumps(old))
+    run_collect(CollectConfig(episodes=6, out=str(out), seed=2, tool_listing="json"), resume=True, progress=False)
+    lines = out.read_text().splitlines()
+    assert lines[:4] == first and len(lines) == 6
+    with pytest.raises(ConfigError, match="settings differ.*seed"):
+        run_collect(CollectConfig(episodes=8, out=str(out), seed=3, tool_listing="json"), resume=True, progress=False)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from agentrig.config import add_flags, from_args, load_saved, opt, save_config
 from agentrig.errors import ConfigError
 
 
@@ -76,12 +77,19 @@ EVAL_SPLITS = ["test", "test_unseen_tools"]
 class RunConfig:
     """The main job's settings (saved as RUN/run_config.json)."""
 
-    out: str = "runs/default"
-    profile: str = "default"
-    model: str = "smollm2-135m"
-    env: str = "datadesk"
-    seed: int = 0
-    workers: int = 2
+    out: str = opt("runs/default", "run folder; rerunning with it resumes")
+    profile: str = opt("default", "default: about 30 minutes on 2 CPU cores; full: longer SFT plus a DPO round; "
+                       "tiny: smoke test", choices=PROFILES)
+    model: str = opt("smollm2-135m", "base model name or folder")
+    env: str = opt("datadesk", "environment: datadesk or path/to/file.py:make_env")
+    seed: int = opt(0, "seed of collection, training and evaluation")
+    workers: int = opt(2, "collector processes")
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ConfigError(f"unknown profile {self.profile!r}; choose one of: {', '.join(PROFILES)}")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {self.workers}")
 
 
 class _Stages:
@@ -279,17 +287,15 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """Run (or resume) every stage of the main job; returns the stage records."""
     from rich.console import Console
 
-    if cfg.profile not in PROFILES:
-        raise ConfigError(f"unknown profile {cfg.profile!r}; choose one of: {', '.join(PROFILES)}")
     prof = PROFILES[cfg.profile]
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     saved = root / "run_config.json"
     if saved.exists():
-        before = json.loads(saved.read_text())
+        before = load_saved(saved)
         if {k: v for k, v in before.items() if k != "workers"} != {k: v for k, v in asdict(cfg).items() if k != "workers"}:
             raise ConfigError(f"{root} holds a run with other settings ({before}); use another --out to start fresh")
-    saved.write_text(json.dumps(asdict(cfg), indent=1))
+    save_config(cfg, saved)
     console = Console()
     started = time.perf_counter()
     st = _Stages(root)
@@ -326,18 +332,11 @@ def _total_seconds(done: dict[str, dict[str, Any]]) -> float:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags of `agentrig run`."""
-    parser.add_argument("--out", default="runs/default", help="run folder; rerunning with it resumes (default: %(default)s)")
-    parser.add_argument("--profile", default="default", choices=list(PROFILES),
-                        help="default: about 30 minutes on 2 CPU cores; full: longer SFT plus a DPO round; tiny: smoke test")
-    parser.add_argument("--model", default="smollm2-135m", help="base model name or folder")
-    parser.add_argument("--env", default="datadesk", help="environment: datadesk or path/to/file.py:make_env")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2, help="collector processes")
+    """Flags of `agentrig run`: one per `RunConfig` field."""
+    add_flags(parser, RunConfig)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `agentrig run`."""
-    cfg = RunConfig(out=args.out, profile=args.profile, model=args.model, env=args.env, seed=args.seed, workers=args.workers)
-    run_main_job(cfg)
+    run_main_job(from_args(RunConfig, args))
     return 0

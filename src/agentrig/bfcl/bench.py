@@ -18,6 +18,7 @@ from typing import Any
 from agentrig.bfcl.data import CATEGORIES, BfclEntry, data_dir, load_category
 from agentrig.bfcl.report import CategoryScore, write_results
 from agentrig.bfcl.runner import EntryOutcome, harness_config, run_entries
+from agentrig.config import add_flags, comma_list, from_args, opt, save_config
 from agentrig.errors import ConfigError
 from agentrig.harness.trajectory import write_episodes
 
@@ -26,14 +27,15 @@ from agentrig.harness.trajectory import write_episodes
 class BenchConfig:
     """One `agentrig bench bfcl` run."""
 
-    model: str  # a model name known to agentrig.models (e.g. smollm2-135m) or a local folder
-    out: Path  # folder for results.json, report.md, episodes.jsonl, config.json
-    adapter: Path | None = None  # a PEFT adapter folder served on top of the model
-    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
-    limit: int | None = None  # first N entries per category (all when None)
-    protocol: str = "hermes"
-    batch_size: int = 16
-    max_new_tokens: int = 256  # generation limit per step; a turn may hold several calls (parallel categories)
+    model: str = opt(help="model name (e.g. smollm2-135m) or local folder")
+    out: Path = opt(help="output folder (results.json, report.md, episodes.jsonl, config.json)")
+    adapter: Path | None = opt(None, "PEFT adapter folder to serve on the model")
+    categories: list[str] = opt(help=f"comma-separated subset of {','.join(CATEGORIES)}", factory=lambda: list(CATEGORIES),
+                                parse=comma_list)
+    limit: int | None = opt(None, "run only the first N entries of each category (all when unset)")
+    protocol: str = opt("hermes", "output protocol of tool calls", cli=False)
+    batch_size: int = opt(16, "episodes stepping together", cli=False)
+    max_new_tokens: int = opt(256, "generation limit per step; a turn may hold several calls (parallel categories)")
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad value."""
@@ -59,20 +61,12 @@ class BenchResult:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `agentrig bench bfcl`."""
     parser.add_argument("benchmark", choices=["bfcl"], help="the benchmark to run (BFCL, from the bfcl-eval package)")
-    parser.add_argument("--model", required=True, help="model name (e.g. smollm2-135m) or local folder")
-    parser.add_argument("--adapter", type=Path, default=None, help="PEFT adapter folder to serve on the model")
-    parser.add_argument("--categories", default=",".join(CATEGORIES), help=f"comma-separated subset of {','.join(CATEGORIES)}")
-    parser.add_argument("--limit", type=int, default=None, help="run only the first N entries of each category")
-    parser.add_argument("--out", type=Path, required=True, help="output folder (results.json, report.md, episodes.jsonl)")
-    parser.add_argument("--max-new-tokens", type=int, default=BenchConfig.max_new_tokens,
-                        help="generation limit per step (default: %(default)s)")
+    add_flags(parser, BenchConfig, required=("model", "out"))
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig of parsed command-line flags."""
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()]
-    return BenchConfig(model=args.model, out=args.out, adapter=args.adapter, categories=categories, limit=args.limit,
-                       max_new_tokens=args.max_new_tokens)
+    return from_args(BenchConfig, args)
 
 
 def load_policy(config: BenchConfig) -> Any:
@@ -111,8 +105,7 @@ def run_bfcl(config: BenchConfig, policy: Any, entries: dict[str, list[BfclEntry
         "harness": asdict(harness),
     }
     config.out.mkdir(parents=True, exist_ok=True)
-    (config.out / "config.json").write_text(json.dumps({**asdict(config), "out": str(config.out),
-                                                        "adapter": header["adapter"]}, indent=2) + "\n", encoding="utf-8")
+    save_config(config, config.out / "config.json")
     write_results(config.out, header, scores, [o.to_dict() for o in outcomes])
     write_episodes(config.out / "episodes.jsonl", [ep for o in outcomes for ep in o.episodes])
     return BenchResult(scores, outcomes)
