@@ -17,9 +17,10 @@ import json
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
+from agentrig.config import add_flags, from_args
 from agentrig.harness import EpisodeRunner, HarnessConfig, PolicyReply
 from agentrig.harness.policy import generate_batch
-from agentrig.harness.protocol import TOOL_LISTINGS, get_protocol
+from agentrig.harness.protocol import get_protocol
 from agentrig.harness.tools import ToolSet
 from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall, ToolResult
 
@@ -116,13 +117,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="base model name or folder; with --base-url, the served model")
     parser.add_argument("--adapter", default=None, metavar="DIR", help="a trained LoRA adapter folder")
     parser.add_argument("--env", default="datadesk", help="whose tools the agent gets: datadesk or path/to/file.py:make_env")
-    parser.add_argument("--max-steps", type=int, default=HarnessConfig.max_steps, help="step limit per request")
-    parser.add_argument("--tool-listing", default=HarnessConfig.tool_listing, choices=list(TOOL_LISTINGS),
-                        help="how the system prompt lists tools: the listing the adapter was trained with (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step")
     parser.add_argument("--base-url", default=None, help="talk to a model behind an OpenAI-compatible endpoint")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    add_flags(parser.add_argument_group("harness rules (HarnessConfig)"), HarnessConfig)
 
 
 def _prompted(stream: Any, console: Any) -> Iterator[str]:
@@ -149,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"agentrig chat on {args.env} ({len(tools.allowed)} tools: {', '.join(tools.allowed)}). "
                   "Type a request; /quit to leave.", highlight=False)
     try:
-        run_chat(policy, tools, _prompted(sys.stdin, console), console, HarnessConfig(max_steps=args.max_steps, tool_listing=args.tool_listing), env.name)
+        run_chat(policy, tools, _prompted(sys.stdin, console), console, from_args(HarnessConfig, args), env.name)
     finally:
         env.close(state)
     return 0
