@@ -62,8 +62,8 @@ PROFILES = {
     "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=200,
                        batch_size=1, eval_limit=40, eval_max_new_tokens=160, base_eval_limit=20, detours=0.25,
                        curve_points=3),
-    "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=120,
-                    batch_size=2, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
+    "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=400,
+                    batch_size=1, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
                     curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24),
     # For tests and smoke runs: every stage, minutes of CPU.
     "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
