@@ -1,22 +1,22 @@
 """Training throughput: agentrig's trainer against the plain TRL recipe, same data, model and LoRA config.
 
 (a) agentrig: `run_train` (pre-tokenized samples, best-fit packing with per-sample position ids, causal
-    attention per sample without a mask, LM head only at supervised positions, no gradient checkpointing,
-    fp32 on CPU).
+    attention per sample without a mask, LM head only at supervised positions, no gradient checkpointing).
 (b) plain TRL, as TRL's docs show for conversational tool data: a `messages` + `tools` dataset,
     `SFTTrainer` with a PEFT `LoraConfig` and `SFTConfig` defaults (padded batches, gradient checkpointing,
     head over every position).
 
-Both run the same built datadesk samples (expert episodes with faults through `agentrig data build`;
+Both run in the same precision (`--precision fp32`, the default, or `bf16`: autocast on a CPU with native
+bf16, which is what agentrig's trainer picks by itself on such a CPU) and the same built datadesk samples (expert episodes with faults through `agentrig data build`;
 Hermes ChatML, tools in the system prompt, tool calls and tool results) for `--steps` optimizer steps with batch 2. Figures printed: supervised-token throughput of each
 (the supervised tokens of the samples consumed, divided by the `train()` wall time after the first step,
 which is warm-up; tokens pro rata by steps) and the ratio a/b,
-peak RSS of each (each side runs in its own process), and (a)'s model FLOP utilization against an fp32
-matmul peak measured in this run. MFU counts the FLOPs LoRA training needs: forward 2N + input-gradient
+peak RSS of each (each side runs in its own process), and (a)'s model FLOP utilization against a matmul
+peak of the same precision measured in this run. MFU counts the FLOPs LoRA training needs: forward 2N + input-gradient
 backward 2N per token for the frozen non-embedding weights N, causal attention within each sample, and the
 head at supervised positions only; the 6N convention of full fine-tuning is printed alongside.
 
-    python benchmarks/train_throughput.py --steps 6 [--samples 64]
+    python benchmarks/train_throughput.py --steps 6 [--samples 64] [--precision fp32|bf16]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _lora_kwargs() -> dict:
                 max_seq_length=MAX_LEN)
 
 
-def run_agentrig(work: Path, steps: int, samples: int) -> dict:
+def run_agentrig(work: Path, steps: int, samples: int, bf16: bool) -> dict:
     """Side (a), in this process."""
     from agentrig.data.render import Renderer
     from agentrig.train.trainconfig import config_from_dict
@@ -98,7 +98,7 @@ def run_agentrig(work: Path, steps: int, samples: int) -> dict:
     data = work / "tokenized.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = config_from_dict(dict(dataset=str(data), output_dir=str(work / "a"), max_steps=steps, save_steps=10_000,
-                                   **_lora_kwargs()))
+                                   bf16=bf16, **_lora_kwargs()))
     clock = step_clock()
     result = run_train(config, callbacks=[clock])
     seconds, share = _steady(clock, result.train_seconds, steps)
@@ -133,7 +133,7 @@ def _model_flops(model, rows: list[dict], tokens: int, supervised: int) -> dict:
     return {"lora_need": need, "six_n": six_n, "n_body": n_body}
 
 
-def run_plain(work: Path, steps: int, samples: int) -> dict:
+def run_plain(work: Path, steps: int, samples: int, bf16: bool) -> dict:
     """Side (b): TRL's documented recipe for conversational tool data, in this process."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -152,7 +152,7 @@ def run_plain(work: Path, steps: int, samples: int) -> dict:
     dataset = Dataset.from_list([{"messages": m, "tools": json.loads(row["tools"])} for m, row in zip(convs, built)])
     args = SFTConfig(output_dir=str(work / "b"), per_device_train_batch_size=2, max_length=MAX_LEN, max_steps=steps,
                      learning_rate=2e-4, lr_scheduler_type="cosine", logging_steps=1, report_to="none",
-                     save_strategy="no", bf16=False, use_cpu=True, disable_tqdm=True)
+                     save_strategy="no", bf16=bf16, use_cpu=True, disable_tqdm=True)
     lora = LoraConfig(r=32, lora_alpha=64, target_modules=TARGETS, task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=resolve_model("smollm2-135m"), args=args, train_dataset=dataset,
                          processing_class=tokenizer, peft_config=lora)
@@ -166,11 +166,12 @@ def run_plain(work: Path, steps: int, samples: int) -> dict:
             "peak_rss_gb": _peak_rss_gb()}
 
 
-def matmul_peak_gflops(size: int = 2048, repeats: int = 6) -> float:
-    """Best fp32 `a @ b` rate on this machine, in GFLOP/s."""
+def matmul_peak_gflops(size: int = 2048, repeats: int = 6, bf16: bool = False) -> float:
+    """Best `a @ b` rate on this machine (fp32, or bf16), in GFLOP/s."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b
     best = 0.0
     for _ in range(repeats):
@@ -180,8 +181,9 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 6) -> float:
     return best
 
 
-def _child(which: str, steps: int, samples: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--side", which, "--steps", str(steps), "--samples", str(samples)],
+def _child(which: str, steps: int, samples: int, precision: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--side", which, "--steps", str(steps), "--samples", str(samples),
+                          "--precision", precision],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"side {which} failed:\n{out.stderr[-4000:]}")
@@ -193,6 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="both sides' precision")
     parser.add_argument("--side", choices=["a", "b"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
@@ -202,22 +205,23 @@ def main() -> None:
             cpu_allocator_defaults()
         with tempfile.TemporaryDirectory() as tmp:
             run = run_agentrig if args.side == "a" else run_plain
-            print(json.dumps(run(Path(tmp), args.steps, args.samples)))
+            print(json.dumps(run(Path(tmp), args.steps, args.samples, args.precision == "bf16")))
         return
-    peak = matmul_peak_gflops()
-    a = _child("a", args.steps, args.samples)
-    b = _child("b", args.steps, args.samples)
-    peak = max(peak, matmul_peak_gflops())
+    bf16 = args.precision == "bf16"
+    peak = matmul_peak_gflops(bf16=bf16)
+    a = _child("a", args.steps, args.samples, args.precision)
+    b = _child("b", args.steps, args.samples, args.precision)
+    peak = max(peak, matmul_peak_gflops(bf16=bf16))
     tput_a, tput_b = a["supervised_tokens"] / a["seconds"], b["supervised_tokens"] / b["seconds"]
     mfu = a["flops"]["lora_need"] / a["seconds"] / (peak * 1e9)
     mfu6 = a["flops"]["six_n"] / a["seconds"] / (peak * 1e9)
-    print(f"steps {args.steps}, batch 2, max_seq_length {MAX_LEN}, LoRA r=32 q/k/v/o, SmolLM2-135M fp32, "
+    print(f"steps {args.steps}, batch 2, max_seq_length {MAX_LEN}, LoRA r=32 q/k/v/o, SmolLM2-135M {args.precision}, "
           f"{args.samples} built datadesk samples")
     print(f"(a) agentrig : {tput_a:8.1f} supervised tok/s  ({a['tokens'] / a['seconds']:.1f} tok/s incl. context)"
           f"  peak RSS {a['peak_rss_gb']:.2f} GB  ({a['seconds']:.1f} s)")
     print(f"(b) plain TRL: {tput_b:8.1f} supervised tok/s  peak RSS {b['peak_rss_gb']:.2f} GB  ({b['seconds']:.1f} s)")
     print(f"ratio a/b    : {tput_a / tput_b:.2f}x  (target >= 2.0)")
-    print(f"matmul peak  : {peak:.1f} GFLOP/s fp32 (measured now)")
+    print(f"matmul peak  : {peak:.1f} GFLOP/s {args.precision} (measured now)")
     print(f"(a) MFU      : {100 * mfu:.1f}% of LoRA-needed FLOPs (target >= 50%); {100 * mfu6:.1f}% in the 6N convention")
 
 
