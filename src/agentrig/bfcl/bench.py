@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
