@@ -87,8 +87,6 @@ def run_eval(
     from agentrig.envs import load_env
 
     env = env if env is not None else load_env(config.env)
-    if config.splits is None:
-        config.splits = list(env.eval_splits)
     jobs = _jobs(env, config)
     from agentrig.envs.runner import TaskRunner
 
@@ -112,8 +110,12 @@ def run_eval(
 
 
 def _jobs(env: Any, config: EvalConfig) -> list[tuple[TaskSpec, int]]:
-    """(task, trial) of every episode: each split's first `limit` tasks (at most its pool), each trial."""
-    assert config.splits is not None
+    """(task, trial) of every episode: each split's first `limit` tasks (at most its pool), each trial.
+
+    The one place `config.splits` left None becomes the environment's `eval_splits`.
+    """
+    if config.splits is None:
+        config.splits = list(env.eval_splits)
     jobs: list[tuple[TaskSpec, int]] = []
     for split in config.splits:
         try:
@@ -201,8 +203,7 @@ def main(args: argparse.Namespace) -> int:
     from agentrig.policies.loader import PolicySpec, load_policy
 
     env = load_env(args.env)
-    config.splits = config.splits or list(env.eval_splits)
-    _jobs(env, config)  # bad splits and repeated task ids are refused before anything is written
+    _jobs(env, config)  # resolves the splits; bad ones and repeated task ids are refused before anything is written
     if args.policy == "expert":
         if adapters or route or args.base_url:
             raise ConfigError("--policy expert runs the environment's own teacher: drop --adapter/--route/--base-url")
@@ -286,8 +287,6 @@ def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, console: 
     from agentrig.envs import load_env
 
     env = env if env is not None else load_env(config.env)
-    if config.splits is None:
-        config.splits = list(env.eval_splits)
     total = len(_jobs(env, config))
     with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=not sys.stdout.isatty()) as progress:
