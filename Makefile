@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	  else python3 -m venv $(VENV); fi; fi
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[train,dev]"
+	$(PY) -m pip install -q -e ".[train,serve,examples,dev]"
 	$(PY) -m pip install -q --no-deps $(NODEPS)
 	touch $(STAMP)
 

@@ -48,6 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "policies": {"harness"},
     "evals": {"harness", "envs", "policies"},
     "bfcl": {"harness", "policies", "evals"},
+    "serve": {"harness", "policies", "data", "evals"},
 }
 FOUNDATION = {"config", "errors", "jsonl", "models"}  # small helpers any group may use; they import only each other
 TOP = {"__init__", "__main__", "cli", "run"}  # entry points: may import anything, nothing imports them

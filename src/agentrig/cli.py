@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("agentrig.evals.evaluate", "evaluate a model or adapters by task completion"),
     "run": ("agentrig.run", "the main job: collect, build, train, evaluate and report"),
     "chat": ("agentrig.evals.chat", "talk to the agent on the environment's tools in the terminal"),
+    "serve": ("agentrig.serve.server", "serve the model and its adapters behind an OpenAI-compatible API"),
     "bench": ("agentrig.bfcl.bench", "public benchmarks (BFCL) offline through the harness"),
 }
 

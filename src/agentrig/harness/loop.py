@@ -56,7 +56,8 @@ def approx_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def _note_tool() -> Tool:
+def note_tool() -> Tool:
+    """The built-in `note` tool (the memory area): saves a one-line summary of a finished sub-goal."""
     def note(summary: str) -> str:
         return feedback("note_saved")
 
@@ -99,7 +100,7 @@ class EpisodeRunner:
         `task.prompt` is then the new user message. The history counts as context, not as steps."""
         self.config = config or HarnessConfig()
         self.proto = get_protocol(self.config.protocol)
-        extra = [_note_tool()] if self.config.memory and tools.get("note") is None else []
+        extra = [note_tool()] if self.config.memory and tools.get("note") is None else []
         self.tools = ToolSet(list(tools.tools.values()) + extra, tools.allowed + [t.name for t in extra],
                              self.config.max_output_chars)
         self.tool_hook = tool_hook

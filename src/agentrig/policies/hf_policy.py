@@ -184,6 +184,87 @@ class HFPolicy:
                         replies[i] = reply
         return [r for r in replies if r is not None]
 
+    def generate_rows(
+        self,
+        prompts: list[list[int]],
+        adapter: str,
+        keys: list[tuple[str, str]],
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        on_token: Callable[[int, int], bool] | None = None,
+    ) -> list[list[int]]:
+        """Generated token ids for prompt ids already rendered, one adapter, this batch's own sampling settings.
+
+        For servers (`agentrig.serve`): `keys` are prefix-cache keys; `seed` seeds this batch's sampling exactly;
+        `on_token(row, token)` is called for every generated token in order (streaming) and returns True to end
+        that row now (a stop string, a client that went away). The stop rules of `finished` still apply.
+        """
+        import torch
+
+        saved = (self.max_new_tokens, self.temperature, self.top_p)
+        self.max_new_tokens = saved[0] if max_new_tokens is None else max_new_tokens
+        self.temperature = saved[1] if temperature is None else temperature
+        self.top_p = saved[2] if top_p is None else top_p
+        try:
+            generator = None
+            if self.temperature > 0:
+                generator = torch.Generator().manual_seed(seed if seed is not None else
+                                                          (self.seed or 0) * 1_000_003 + self._calls)
+            self._calls += 1
+            with self._adapter(adapter), torch.inference_mode():
+                if self.prefix_cache and max(len(p) for p in prompts) > 1:
+                    return self._decode(prompts, keys, generator, on_token)
+                rows = self._hf_generate(prompts, generator)
+            if on_token is not None:  # the plain path generates first; its tokens are reported afterwards
+                for r, row in enumerate(rows):
+                    for k, token in enumerate(row):
+                        if on_token(r, token):
+                            del row[k + 1:]
+                            break
+            return rows
+        finally:
+            self.max_new_tokens, self.temperature, self.top_p = saved
+
+    # -- adapters loaded while running (the server's runtime LoRA) -------------------------------------
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Load one more PEFT adapter by name next to the others (the base weights stay untouched)."""
+        if name == BASE or name in self.adapter_names:
+            raise ConfigError(f"an adapter named {name!r} is already loaded; unload it first or choose another name")
+        base = self.model.get_base_model() if self.adapter_names else self.model
+        check_adapter(base, folder)  # before PEFT touches the model: a failed load must not half-change it
+        try:
+            if not self.adapter_names:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(self.model, folder, adapter_name=name, is_trainable=False)
+            else:
+                self.model.load_adapter(folder, adapter_name=name, is_trainable=False)
+        except Exception as exc:  # noqa: BLE001 - PEFT raises many kinds for a folder the base cannot take
+            if name in getattr(self.model, "peft_config", {}):
+                self.model.delete_adapter(name)
+            raise ConfigError(f"cannot load adapter {name!r} from {folder}: {exc.__class__.__name__}: {exc}") from None
+        self.model.eval()
+        self.adapter_names.append(name)
+
+    def unload_adapter(self, name: str) -> None:
+        """Drop a loaded adapter and the prefix-cache entries it computed."""
+        if name not in self.adapter_names:
+            raise ConfigError(f"no adapter named {name!r} is loaded; loaded: {', '.join(self.adapter_names) or 'none'}")
+        if len(self.adapter_names) == 1:
+            self.model = self.model.unload()  # back to the plain base model (weights were never merged)
+        else:
+            if self.model.active_adapter == name:
+                self.model.set_adapter(next(n for n in self.adapter_names if n != name))
+            self.model.delete_adapter(name)
+        self.adapter_names.remove(name)
+        for key in [k for k in self._prefixes if k[1] == name]:
+            del self._prefixes[key]
+        if isinstance(self.route, str) and self.route == name:
+            self.route = BASE
+
     # -- internals ----------------------------------------------------------------------------
     def _load_adapters(self, model: Any, adapters: dict[str, str]) -> Any:
         if not adapters:
@@ -278,7 +359,8 @@ class HFPolicy:
         out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
         return out[:, width:].tolist()
 
-    def _decode(self, prompts: list[list[int]], keys: list[tuple[str, str]], generator: Any) -> list[list[int]]:
+    def _decode(self, prompts: list[list[int]], keys: list[tuple[str, str]], generator: Any,
+                on_token: Callable[[int, int], bool] | None = None) -> list[list[int]]:
         """The prefix-cached path: reuse kept keys/values, decode in place, drop rows as they finish.
 
         The rows' caches (all but each prompt's last token, see `_batched_prefix`) are left-padded into one
@@ -304,7 +386,8 @@ class HFPolicy:
             keep: list[int] = []
             for b, (row, token) in enumerate(zip(live, chosen)):
                 out[row].append(token)
-                if not (step + 1 == self.max_new_tokens or self.finished(out[row])):
+                ended = on_token is not None and on_token(row, token)
+                if not (ended or step + 1 == self.max_new_tokens or self.finished(out[row])):
                     keep.append(b)
                     continue
                 # The cache holds this row's prompt and the tokens fed so far (not the one just chosen).
@@ -405,6 +488,43 @@ class HFPolicy:
         ]
         self._prefixes.pop(key, None)
         self._prefixes[key] = _Prefix(ids, kv)
+
+
+def check_adapter(model: Any, folder: str) -> None:
+    """Raise `ConfigError` unless `folder` holds a LoRA adapter whose every matrix fits a linear layer of `model`."""
+    import json
+    from pathlib import Path
+
+    root = Path(folder)
+    config_file = root / "adapter_config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{folder} is not an adapter folder (no adapter_config.json); pass the folder PEFT saved")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{config_file} is not readable JSON: {exc}") from None
+    if str(config.get("peft_type", "")).upper() != "LORA":
+        raise ConfigError(f"{folder} holds a {config.get('peft_type')!r} adapter; only LoRA adapters are served")
+    weights = root / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ConfigError(f"{folder} has no adapter_model.safetensors")
+    from safetensors import safe_open
+
+    modules = dict(model.named_modules())
+    with safe_open(str(weights), framework="pt") as f:
+        for key in f.keys():
+            if ".lora_A." not in key and ".lora_B." not in key:
+                continue
+            path = key.split(".lora_")[0].removeprefix("base_model.model.")
+            layer = modules.get(path)
+            if layer is None or not hasattr(layer, "in_features"):
+                raise ConfigError(f"adapter {folder} targets {path!r}, which this base model has no linear layer for "
+                                  "(an adapter trained on another base model?)")
+            shape = tuple(f.get_slice(key).get_shape())
+            fits = shape[1] == layer.in_features if ".lora_A." in key else shape[0] == layer.out_features
+            if not fits:
+                raise ConfigError(f"adapter {folder}: {key} has shape {list(shape)}, which does not fit {path} "
+                                  f"({layer.in_features} -> {layer.out_features}); it was trained on another base model")
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
