@@ -353,3 +353,24 @@ def test_eval_through_the_server_equals_the_in_process_eval(model_dir, adapter_d
     assert steps(remote) == steps(local)
     assert [e.success for e in remote.episodes] == [e.success for e in local.episodes]
     assert remote.metrics.to_dict()["completion"] == local.metrics.to_dict()["completion"]
+
+
+# -- a LangGraph agent on the served model (examples/langgraph_agent.py) --------------------------------------------
+
+def test_the_langgraph_example_runs_an_agent_loop_on_the_server(server) -> None:
+    pytest.importorskip("langgraph")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("langgraph_agent", Path(__file__).parents[1] / "examples" / "langgraph_agent.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    executed = []
+
+    def execute(name, arguments):
+        executed.append((name, arguments))
+        return "sunny, 21 C"
+
+    messages = example.run_agent(server.url, "tiny", "What is the weather in Paris?", example.langchain_tools(TOOLS, execute))
+    assert executed == [("get_weather", {"city": "Paris"})]
+    assert [m.type for m in messages] == ["human", "ai", "tool", "ai"]
+    assert messages[-1].content == "It is sunny in Paris, 21 C."
