@@ -22,6 +22,9 @@ from agentrig.errors import ConfigError
 from agentrig.harness.loop import HarnessConfig
 
 
+PROMPT_RULES = ("max_steps", "switch_after_failures", "tool_listing", "memory")  # what the system prompt says
+
+
 @dataclass
 class ServeConfig:
     """How `agentrig serve` serves."""
@@ -58,6 +61,9 @@ def build_state(config: ServeConfig, adapters: dict[str, str], rules: HarnessCon
     from agentrig.serve.app import Limits, ServeState
     from agentrig.serve.engine import Engine
 
+    if rules.protocol != "hermes":
+        raise ConfigError("agentrig serve speaks the hermes protocol (vLLM's --tool-call-parser hermes); "
+                          f"got protocol {rules.protocol!r}")
     if policy is None:
         from agentrig.policies.hf_policy import HFPolicy
 
@@ -128,7 +134,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                         help="serve a LoRA adapter under NAME (repeatable); requests choose it with model=NAME")
     add_flags(parser.add_argument_group("harness rules written into a system prompt built from `tools` "
-                                        "(HarnessConfig; keep them as the adapter was trained)"), HarnessConfig)
+                                        "(HarnessConfig; keep them as the adapter was trained)"), HarnessConfig,
+              only=PROMPT_RULES)
 
 
 def main(args: argparse.Namespace) -> int:
