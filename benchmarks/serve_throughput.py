@@ -60,7 +60,9 @@ def main() -> None:
     ap.add_argument("--replay", type=int, default=24, help="prompts replayed for the overhead figure")
     ap.add_argument("--max-tokens", type=int, default=160, help="completion limit per step (the main job's)")
     ap.add_argument("--faults", type=float, default=0.2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="inference precision on the CPU")
     a = ap.parse_args()
+    a.bf16 = a.precision == "bf16"
 
     from agentrig.envs import load_env
     from agentrig.envs.runner import TaskRunner
@@ -70,7 +72,7 @@ def main() -> None:
 
     adapters = {"sft": a.adapter} if Path(a.adapter).is_dir() else {}
     model_name = "sft" if adapters else a.model
-    policy = HFPolicy.from_pretrained(a.model, adapters or None, max_new_tokens=a.max_tokens, batch_size=16)
+    policy = HFPolicy.from_pretrained(a.model, adapters or None, max_new_tokens=a.max_tokens, batch_size=16, bf16=a.bf16)
     running = start_server(build_state(ServeConfig(model=a.model, batch_size=16), adapters, HarnessConfig(), policy=policy))
     env = load_env("datadesk")
     tasks = env.tasks("test", a.episodes)
@@ -105,12 +107,13 @@ def main() -> None:
         server_s = time.perf_counter() - t0
     finally:
         running.stop()
-    local = HFPolicy.from_pretrained(a.model, adapters or None, max_new_tokens=a.max_tokens, batch_size=16)
+    local = HFPolicy.from_pretrained(a.model, adapters or None, max_new_tokens=a.max_tokens, batch_size=16,
+                                     bf16=a.bf16)
     t0 = time.perf_counter()
     direct = [local.generate(r).text for r in prompts]
     local_s = time.perf_counter() - t0
     ratio = results["concurrent"]["requests_per_s"] / results["sequential"]["requests_per_s"]
-    overhead = 100 * (server_s - local_s) / local_s
+    overhead = 100 * (server_s - local_s) / local_s if prompts else float("nan")  # --replay 0 skips (c)
     summary = {
         "model": model_name, "episodes": len(tasks),
         **{f"{m}_{k}": results[m][k] for m in results for k in ("wall_s", "requests", "requests_per_s", "mean_episode_s")},

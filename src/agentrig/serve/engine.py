@@ -1,8 +1,8 @@
 """The server's generation engine: one thread that owns the model and batches requests from every client.
 
 HTTP handlers `submit` a `Job` (prompt ids, the adapter, sampling settings, stop strings, `n`) and await it.
-The engine thread takes every job waiting (after a short `window_s`, so clients that send at nearly the same
-moment share a batch), groups them by adapter and sampling settings, and runs each group through
+The engine thread takes every job waiting (and keeps taking them while each arrives within `window_s` of the
+last, so clients that send at nearly the same moment share a batch), groups them by adapter and sampling settings, and runs each group through
 `HFPolicy.generate_rows`, the same decode loop, prefix cache and stopping rules `agentrig eval` uses. Each
 generated token reaches the job's `on_text` callback (the text so far), which streams it; a stop string or a
 cancelled job (a client that went away) ends that row at once and frees its place in the batch.
@@ -100,15 +100,7 @@ class Engine:
     # -- the thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopping:
-            kind, item = self._queue.get()
-            items = [(kind, item)]
-            if kind == "job" and self.window_s > 0:
-                time.sleep(self.window_s)
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            items = self._gather()
             jobs: list[Job] = []
             for kind, item in items:
                 if kind == "stop":
@@ -134,6 +126,31 @@ class Engine:
             fut = item.future if kind == "job" else item[1] if kind == "control" else None
             if fut is not None and not fut.done():
                 fut.set_exception(RuntimeError("the server is shutting down"))
+
+    def _gather(self) -> list[tuple[str, Any]]:
+        """Wait for the next item, then keep taking items while they keep coming: each one arriving within
+        `window_s` of the last (clients whose previous replies came back together send their next requests a
+        few milliseconds apart, each rendered in turn), up to `max_batch` jobs or `20 * window_s` in all."""
+        items = [self._queue.get()]
+        if items[0][0] != "job" or self.window_s <= 0:
+            return items
+        deadline = time.perf_counter() + 20 * self.window_s
+        jobs = 1
+        while jobs < self.max_batch:
+            wait = min(self.window_s, deadline - time.perf_counter())
+            if wait <= 0:
+                break
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                break
+            items.append(item)
+            jobs += item[0] == "job"
+        while True:  # whatever is already waiting goes too
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
 
     def _run_jobs(self, jobs: list[Job]) -> None:
         groups: dict[tuple[Any, ...], list[Job]] = {}

@@ -41,7 +41,7 @@ class ServeConfig:
     default_max_tokens: int = opt(512, "completion tokens when a request names no limit")
     max_body_bytes: int = opt(4 * 1024 * 1024, "largest request body accepted (bytes); more get 413")
     temperature: float = opt(0.0, "temperature when a request sends none (0 = greedy, the harness's default)")
-    batch_window_ms: float = opt(5.0, "how long the engine waits for more requests before it starts a batch")
+    batch_window_ms: float = opt(10.0, "a batch starts once no request has arrived for this long (at most 20x it)")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_concurrent", "max_prompt_tokens", "max_new_tokens", "default_max_tokens",
