@@ -309,3 +309,16 @@ def test_sampling_with_a_tiny_top_p_is_greedy(smol_tokenizer) -> None:
     greedy = _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=6), prompts, 2)
     nucleus = HFPolicy(model, smol_tokenizer, max_new_tokens=6, temperature=1.5, top_p=1e-6, seed=3)
     assert _episodes(nucleus, prompts, 2) == greedy
+
+
+def test_bf16_autocast_runs_and_leaves_the_weights_fp32(tiny_model, smol_tokenizer) -> None:
+    import torch
+
+    from agentrig.policies.hf_policy import HFPolicy
+
+    assert HFPolicy(tiny_model, smol_tokenizer).bf16 is False  # fp32 by default (docs/benchmarks.md)
+    policy = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=6, bf16=True)
+    replies = policy.generate_batch([_request(p) for p in PROMPTS])
+    assert policy.bf16 is True and len(replies) == len(PROMPTS)
+    assert all(0 < r.completion_tokens <= 6 for r in replies)
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
