@@ -322,3 +322,33 @@ def test_bf16_autocast_runs_and_leaves_the_weights_fp32(tiny_model, smol_tokeniz
     assert policy.bf16 is True and len(replies) == len(PROMPTS)
     assert all(0 < r.completion_tokens <= 6 for r in replies)
     assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
+
+
+def test_rows_admitted_into_a_running_batch_get_the_replies_they_get_alone(tiny_model, smol_tokenizer) -> None:
+    """Continuous batching: prompts that join mid-decode (one longer than the cache so far, which shifts every
+    row; one after others finished, which drops unused columns) decode exactly as they do alone."""
+    from agentrig.policies.hf_policy import HFPolicy
+
+    policy = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=10)
+    render = lambda p: list(policy.renderer.prompt_ids(_request(p).messages))  # noqa: E731
+    first = [render("hi"), render("list orders")]
+    joining = {2: [render("x y z " * 30)], 6: [render("what is the stock level of SKU A-17?"), render("ok")]}
+    calls = {"n": 0}
+    done: list[int] = []
+
+    def admit(free: int):
+        calls["n"] += 1
+        return [(q, (f"late{calls['n']}-{k}", "base")) for k, q in enumerate(joining.get(calls["n"], []))][:free]
+
+    short = {0, 2}  # rows ended after 2 tokens (a stop string, say): by step 5 only row 1 is live, and its
+    # cache starts right of column 0, so the admission at step 5 drops the columns nobody uses
+    ends = lambda row, token, seen={}: (seen.__setitem__(row, seen.get(row, 0) + 1) or  # noqa: E731
+                                        (row in short and seen[row] >= 2))
+    rows = policy.generate_rows(first, "base", [("a", "base"), ("b", "base")], admit=admit, on_done=done.append,
+                                on_token=ends)
+    prompts = first + joining[2] + joining[6]
+    assert len(rows) == len(prompts) == 5 and sorted(done) == list(range(5))
+    fresh = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=10)
+    alone = [fresh.generate_rows([q], "base", [(f"solo{k}", "base")])[0] for k, q in enumerate(prompts)]
+    assert [len(r) for r in rows[:3]] == [2, len(alone[1]), 2]
+    assert rows == [a[:2] if k in short else a for k, a in enumerate(alone)]

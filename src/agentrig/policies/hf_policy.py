@@ -201,12 +201,16 @@ class HFPolicy:
         top_p: float | None = None,
         seed: int | None = None,
         on_token: Callable[[int, int], bool] | None = None,
+        admit: Callable[[int], list[tuple[list[int], tuple[str, str]]]] | None = None,
+        on_done: Callable[[int], None] | None = None,
     ) -> list[list[int]]:
         """Generated token ids for prompt ids already rendered, one adapter, this batch's own sampling settings.
 
         For servers (`agentrig.serve`): `keys` are prefix-cache keys; `seed` seeds this batch's sampling exactly;
         `on_token(row, token)` is called for every generated token in order (streaming) and returns True to end
         that row now (a stop string, a client that went away). The stop rules of `finished` still apply.
+        `admit` and `on_done` are the continuous batching of `_decode` (rows that join a running batch, and
+        a call as each row finishes); without the prefix cache, rows are only admitted at the start.
         """
         import torch
 
@@ -222,7 +226,7 @@ class HFPolicy:
             self._calls += 1
             with self._adapter(adapter), torch.inference_mode(), self._precision():
                 if self.prefix_cache and max(len(p) for p in prompts) > 1:
-                    return self._decode(prompts, keys, generator, on_token)
+                    return self._decode(prompts, keys, generator, on_token, admit, on_done)
                 rows = self._hf_generate(prompts, generator)
             if on_token is not None:  # the plain path generates first; its tokens are reported afterwards
                 for r, row in enumerate(rows):
@@ -230,6 +234,9 @@ class HFPolicy:
                         if on_token(r, token):
                             del row[k + 1:]
                             break
+            if on_done is not None:
+                for r in range(len(rows)):
+                    on_done(r)
             return rows
         finally:
             self.max_new_tokens, self.temperature, self.top_p = saved
@@ -384,39 +391,80 @@ class HFPolicy:
         return out[:, width:].tolist()
 
     def _decode(self, prompts: list[list[int]], keys: list[tuple[str, str]], generator: Any,
-                on_token: Callable[[int, int], bool] | None = None) -> list[list[int]]:
+                on_token: Callable[[int, int], bool] | None = None,
+                admit: Callable[[int], list[tuple[list[int], tuple[str, str]]]] | None = None,
+                on_done: Callable[[int], None] | None = None) -> list[list[int]]:
         """The prefix-cached path: reuse kept keys/values, decode in place, drop rows as they finish.
 
         The rows' caches (all but each prompt's last token, see `_batched_prefix`) are left-padded into one
         `BufferedCache` with room for the replies. Each step feeds every live row's newest token (the last
         prompt token first) with its own position id, so padding never shifts a position. A row stops at an
-        end-of-turn/eos token, once its text holds a self-written `<tool_response>`, or at `max_new_tokens`; its keys/values for its prompt and the tokens fed so far are kept for its
-        episode's next step and the row leaves the batch, so the others go on at a smaller batch size.
+        end-of-turn/eos token, once its text holds a self-written `<tool_response>`, or at `max_new_tokens`;
+        its keys/values for its prompt and the tokens fed so far are kept for its episode's next step and the
+        row leaves the batch, so the others go on at a smaller batch size.
+
+        Continuous batching (`admit`, the server's): before each step after the first, `admit(free)` may
+        return up to `free` new `(prompt ids, key)` rows, which join the running batch at once: each is
+        prefilled (reusing kept keys/values), right-aligned at the cache's filled length (every row shifts
+        right first when a new prompt is longer than that; the shifted-in positions are masked; columns no live
+        row uses any more are dropped), and gets the next row numbers for `on_token` and the result.
         """
         import torch
 
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         cache = self._batched_prefix(prompts, keys, width - 1)
+        prompts, keys = list(prompts), list(keys)
         live = list(range(len(prompts)))
+        start = [width - len(p) for p in prompts]  # the cache column where each row's positions begin
         out: list[list[int]] = [[] for _ in prompts]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         step_ids = torch.tensor([[p[-1]] for p in prompts], device=device)
         positions = torch.tensor([[len(p) - 1] for p in prompts], device=device)
-        for step in range(self.max_new_tokens):
+        first = True
+        while True:
+            free = self.batch_size - len(live)
+            new = admit(free) if admit is not None and not first and free > 0 else []
+            first = False
+            if new:
+                kvs = [self._prefill_row(q, k, []) for q, k in new]
+                filled = cache.get_seq_length()
+                drop = min((start[r] for r in live), default=filled)  # columns no live row uses any more
+                kept = filled - drop
+                filled = max(kept, max(len(q) - 1 for q, _ in new))
+                pad = filled - kept
+                cache.add_rows(kvs, drop, filled)
+                start = [c - drop + pad for c in start]
+                rows_mask = [[0] * (filled - len(q) + 1) + [1] * len(q) for q, _ in new]
+                mask = torch.cat([mask.new_zeros((mask.shape[0], pad)), mask[:, drop:]], dim=1)
+                mask = torch.cat([mask, torch.tensor(rows_mask, device=device, dtype=mask.dtype)], dim=0)
+                step_ids = torch.cat([step_ids, torch.tensor([[q[-1]] for q, _ in new], device=device)], dim=0)
+                positions = torch.cat([positions, torch.tensor([[len(q) - 1] for q, _ in new], device=device)], dim=0)
+                for q, k in new:
+                    live.append(len(prompts))
+                    prompts.append(q)
+                    keys.append(k)
+                    start.append(filled - len(q) + 1)
+                    out.append([])
+            if not live:
+                break
             logits = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, cache=cache,
                                 use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
             chosen = self._next_tokens(logits, generator).tolist()
+            held = cache.get_seq_length()
             keep: list[int] = []
             for b, (row, token) in enumerate(zip(live, chosen)):
                 out[row].append(token)
                 ended = on_token is not None and on_token(row, token)
-                if not (ended or step + 1 == self.max_new_tokens or self.finished(out[row])):
+                if not (ended or len(out[row]) >= self.max_new_tokens or self.finished(out[row])):
                     keep.append(b)
                     continue
                 # The cache holds this row's prompt and the tokens fed so far (not the one just chosen).
-                offset, held = width - len(prompts[row]), width + step
-                self._keep(keys[row], prompts[row] + out[row][:-1], cache, b, offset, held)
+                self._keep(keys[row], prompts[row] + out[row][:-1], cache, b, start[row], held)
+                while len(self._prefixes) > 2 * self.batch_size:
+                    self._prefixes.popitem(last=False)
+                if on_done is not None:
+                    on_done(row)
             if not keep:
                 break
             if len(keep) < len(live):
@@ -428,8 +476,6 @@ class HFPolicy:
             step_ids = torch.tensor([[t] for t in chosen], device=device)
             positions = positions + 1
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-        while len(self._prefixes) > 2 * self.batch_size:
-            self._prefixes.popitem(last=False)
         return out
 
     def _next_tokens(self, logits: Any, generator: Any) -> Any:
@@ -461,25 +507,29 @@ class HFPolicy:
         every position id equal to its index. The padded slots are masked by the attention mask. The
         buffers have room for `max_new_tokens` more positions.
         """
-        import torch
-        from transformers import DynamicCache
-
         from agentrig.policies.kvcache import BufferedCache
 
-        device = next(self.model.parameters()).device
         rows: list[list[tuple[Any, Any]]] = []
         this_batch: list[_Prefix] = []
         for prompt, key in zip(prompts, keys):
-            need = len(prompt) - 1
-            reused, kv = self._lookup(prompt, key, need, this_batch)
-            if reused < need:
-                cache = DynamicCache(ddp_cache_data=kv) if reused else DynamicCache()
-                self.model(input_ids=torch.tensor([prompt[reused:need]], device=device), cache=cache, use_cache=True,
-                           logits_to_keep=1)
-                kv = [(layer.keys, layer.values) for layer in cache.layers]
-                this_batch.append(_Prefix(prompt[:need], kv))
-            rows.append(kv)
+            rows.append(self._prefill_row(prompt, key, this_batch))
         return BufferedCache.left_padded(rows, length, capacity=length + self.max_new_tokens + 1)
+
+    def _prefill_row(self, prompt: list[int], key: tuple[str, str], this_batch: list[_Prefix]) -> list[tuple[Any, Any]]:
+        """Keys/values of `prompt[:-1]` at batch 1: the longest known prefix reused, the rest prefilled."""
+        import torch
+        from transformers import DynamicCache
+
+        device = next(self.model.parameters()).device
+        need = len(prompt) - 1
+        reused, kv = self._lookup(prompt, key, need, this_batch)
+        if reused < need:
+            cache = DynamicCache(ddp_cache_data=kv) if reused else DynamicCache()
+            self.model(input_ids=torch.tensor([prompt[reused:need]], device=device), cache=cache, use_cache=True,
+                       logits_to_keep=1)
+            kv = [(layer.keys, layer.values) for layer in cache.layers]
+            this_batch.append(_Prefix(prompt[:need], kv))
+        return kv
 
     def _lookup(
         self, prompt: list[int], key: tuple[str, str], limit: int, this_batch: list[_Prefix]

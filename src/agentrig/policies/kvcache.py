@@ -113,8 +113,31 @@ class BufferedCache(DynamicCache):
             layers.append((keys, values))
         return cls(layers, length)
 
+    def add_rows(self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]], drop: int, length: int) -> None:
+        """Add batch rows while decoding (continuous batching): the filled columns from `drop` on move to end at
+        `length` (the columns before `drop` are no live row's), and each new row's keys/values (per layer
+        `[1, kv_heads, n, head_dim]`, or `[]`) are right-aligned at `length`; the rest is zeros, masked."""
+        for i, layer in enumerate(self.layers):
+            kept = layer.length - drop
+            if kept > length:
+                raise ValueError(f"cannot fit {kept} kept positions in {length}")
+            old_k, old_v = layer.key_buffer, layer.value_buffer
+            capacity = max(old_k.shape[2], length + 64)
+            shape = (old_k.shape[0] + len(rows), old_k.shape[1], capacity, old_k.shape[3])
+            keys, values = old_k.new_zeros(shape), old_v.new_zeros(shape)
+            b = old_k.shape[0]
+            keys[:b, :, length - kept : length] = old_k[:, :, drop : layer.length]
+            values[:b, :, length - kept : length] = old_v[:, :, drop : layer.length]
+            for j, kv in enumerate(rows):
+                n = kv[i][0].shape[2] if kv else 0
+                if n:
+                    keys[b + j, :, length - n : length] = kv[i][0][0]
+                    values[b + j, :, length - n : length] = kv[i][1][0]
+            layer.key_buffer, layer.value_buffer, layer.length = keys, values, length
+            layer._views()
+
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only these batch rows, in this order (rows that finished generating are dropped)."""
-        index = torch.tensor(rows, device=self.layers[0].key_buffer.device)
+        index = torch.tensor(rows, device=self.layers[0].key_buffer.device, dtype=torch.long)
         for layer in self.layers:
             layer.batch_select_indices(index)

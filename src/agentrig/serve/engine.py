@@ -2,8 +2,11 @@
 
 HTTP handlers `submit` a `Job` (prompt ids, the adapter, sampling settings, stop strings, `n`) and await it.
 The engine thread takes every job waiting (and keeps taking them while each arrives within `window_s` of the
-last, so clients that send at nearly the same moment share a batch), groups them by adapter and sampling settings, and runs each group through
-`HFPolicy.generate_rows`, the same decode loop, prefix cache and stopping rules `agentrig eval` uses. Each
+last, so clients that send at nearly the same moment share a batch), groups them by adapter and sampling
+settings, and runs each group through `HFPolicy.generate_rows`, the same decode loop, prefix cache and
+stopping rules `agentrig eval` uses. Batching is continuous: a job with the same adapter and settings that
+arrives while a batch runs joins it before the next token (`HFPolicy._decode`'s `admit`), and each job's
+reply goes back as soon as its own rows end, not when the batch does. Each
 generated token reaches the job's `on_text` callback (the text so far), which streams it; a stop string or a
 cancelled job (a client that went away) ends that row at once and frees its place in the batch.
 
@@ -71,6 +74,7 @@ class Engine:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="agentrig-serve-engine", daemon=True)
         self._stopping = False
+        self._stash: list[tuple[str, Any]] = []  # taken from the queue during a batch, for the next one
         self.batches = 0  # batches run so far (tests read it to see that clients were batched together)
         self.largest_batch = 0
         self._thread.start()
@@ -131,6 +135,13 @@ class Engine:
         """Wait for the next item, then keep taking items while they keep coming: each one arriving within
         `window_s` of the last (clients whose previous replies came back together send their next requests a
         few milliseconds apart, each rendered in turn), up to `max_batch` jobs or `20 * window_s` in all."""
+        if self._stash:  # items taken during the last batch that could not join it
+            items, self._stash = self._stash, []
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    return items
         items = [self._queue.get()]
         if items[0][0] != "job" or self.window_s <= 0:
             return items
@@ -167,12 +178,17 @@ class Engine:
                 self._run_batch(batch)
 
     def _run_batch(self, rows: list[tuple[Job, int]]) -> None:
+        """Generate for these rows; compatible jobs that arrive meanwhile join the running batch (`_admit`), and
+        each job's future is set as soon as its last row ends, not when the whole batch does."""
         first = rows[0][0]
         adapter = first.adapter if first.adapter in self.policy.adapter_names else BASE
+        group = first.group()
         max_new = max(job.max_new_tokens for job, _ in rows)
         tokens: list[list[int]] = [[] for _ in rows]
         cut: list[str | None] = [None] * len(rows)
         ended_by_stop: list[str | None] = [None] * len(rows)
+        results: dict[int, list[Completion | None]] = {}
+        blocked = [False]  # a control item is waiting: admit nothing more, it runs after this batch
 
         def on_token(i: int, token: int) -> bool:
             job, r = rows[i]
@@ -196,20 +212,8 @@ class Engine:
                     job.on_text(r, text)
             return False
 
-        keys = [(f"serve-{next(self._ids)}", adapter) for _ in rows]
-        try:
-            self.policy.generate_rows([job.prompt for job, _ in rows], adapter, keys, max_new_tokens=max_new,
-                                      temperature=first.temperature, top_p=first.top_p, seed=first.seed,
-                                      on_token=on_token)
-        except Exception as exc:  # noqa: BLE001 - the jobs of this batch fail, the engine keeps serving
-            for job in {id(j): j for j, _ in rows}.values():
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
-        self.batches += 1
-        self.largest_batch = max(self.largest_batch, len(rows))
-        results: dict[int, list[Completion | None]] = {}
-        for i, (job, r) in enumerate(rows):
+        def on_done(i: int) -> None:
+            job, r = rows[i]
             text, used = self.policy.reply_text(tokens[i])
             which = ended_by_stop[i]
             if cut[i] is not None:
@@ -218,10 +222,50 @@ class Engine:
                 stopped, which = self._cut(text, job.stop)
                 text = text if stopped is None else stopped
             reason = "stop" if self.policy.finished(tokens[i]) or which is not None else "length"
-            results.setdefault(id(job), [None] * job.n)[r] = Completion(text, used, reason, which)
-        for job in {id(j): j for j, _ in rows}.values():
+            done = results.setdefault(id(job), [None] * job.n)
+            done[r] = Completion(text, used, reason, which)
+            if all(c is not None for c in done) and not job.future.done():
+                job.future.set_result(done)
+
+        def admit(free: int) -> list[tuple[list[int], tuple[str, str]]]:
+            new: list[tuple[list[int], tuple[str, str]]] = []
+            while not blocked[0] and free > 0:
+                try:
+                    kind, item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                fits = (kind == "job" and item.group() == group and item.n <= free
+                        and item.max_new_tokens <= max_new and not item.cancelled.is_set())
+                if not fits:
+                    self._stash.append((kind, item))
+                    blocked[0] = kind != "job"
+                    continue
+                for r in range(item.n):
+                    rows.append((item, r))
+                    tokens.append([])
+                    cut.append(None)
+                    ended_by_stop.append(None)
+                    new.append((item.prompt, (f"serve-{next(self._ids)}", adapter)))
+                free -= item.n
+            self.largest_batch = max(self.largest_batch, len(rows))
+            return new
+
+        keys = [(f"serve-{next(self._ids)}", adapter) for _ in rows]
+        try:
+            self.policy.generate_rows([job.prompt for job, _ in rows], adapter, keys, max_new_tokens=max_new,
+                                      temperature=first.temperature, top_p=first.top_p, seed=first.seed,
+                                      on_token=on_token, admit=admit if first.seed is None or first.temperature == 0
+                                      else None, on_done=on_done)
+        except Exception as exc:  # noqa: BLE001 - the jobs of this batch fail, the engine keeps serving
+            for job in {id(j): j for j, _ in rows}.values():
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(rows))
+        for i, (job, _) in enumerate(rows):  # rows the decode loop did not report (none expected)
             if not job.future.done():
-                job.future.set_result(results[id(job)])
+                on_done(i)
 
     @staticmethod
     def _cut(text: str, stops: list[str]) -> tuple[str | None, str | None]:
