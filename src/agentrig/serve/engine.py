@@ -189,6 +189,7 @@ class Engine:
         ended_by_stop: list[str | None] = [None] * len(rows)
         results: dict[int, list[Completion | None]] = {}
         blocked = [False]  # a control item is waiting: admit nothing more, it runs after this batch
+        finished = [0]
 
         def on_token(i: int, token: int) -> bool:
             job, r = rows[i]
@@ -222,6 +223,7 @@ class Engine:
                 stopped, which = self._cut(text, job.stop)
                 text = text if stopped is None else stopped
             reason = "stop" if self.policy.finished(tokens[i]) or which is not None else "length"
+            finished[0] += 1
             done = results.setdefault(id(job), [None] * job.n)
             done[r] = Completion(text, used, reason, which)
             if all(c is not None for c in done) and not job.future.done():
@@ -247,10 +249,11 @@ class Engine:
                     ended_by_stop.append(None)
                     new.append((item.prompt, (f"serve-{next(self._ids)}", adapter)))
                 free -= item.n
-            self.largest_batch = max(self.largest_batch, len(rows))
+            self.largest_batch = max(self.largest_batch, len(rows) - finished[0])  # rows decoding together
             return new
 
         keys = [(f"serve-{next(self._ids)}", adapter) for _ in rows]
+        self.largest_batch = max(self.largest_batch, len(rows))
         try:
             self.policy.generate_rows([job.prompt for job, _ in rows], adapter, keys, max_new_tokens=max_new,
                                       temperature=first.temperature, top_p=first.top_p, seed=first.seed,
@@ -262,7 +265,6 @@ class Engine:
                     job.future.set_exception(exc)
             return
         self.batches += 1
-        self.largest_batch = max(self.largest_batch, len(rows))
         for i, (job, _) in enumerate(rows):  # rows the decode loop did not report (none expected)
             if not job.future.done():
                 on_done(i)
