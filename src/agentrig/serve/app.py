@@ -122,7 +122,7 @@ class BodyLimit:
 
 
 class _TooLarge(Exception):
-    pass
+    """Raised inside `BodyLimit` when the bytes received pass the limit; answered 413."""
 
 
 def create_app(state: ServeState) -> FastAPI:
