@@ -58,3 +58,42 @@ def test_instructions_inside_a_tool_result_do_not_unlock_tools():
     assert sent == []
     assert ep.steps[1].results[0].error == "not_permitted"
     assert [s.defects[0].kind for s in ep.steps if s.defects] == ["not_permitted"]
+
+
+HUGE = [
+    "SELECT randomblob(1000000000)",
+    "SELECT zeroblob(500000000)",
+    "SELECT printf('%.*c', 200000000, 'x')",
+    "SELECT " + ", ".join(["randomblob(90000)"] * 60),
+    "SELECT " + ", ".join(["1"] * 100),
+    "SELECT hex(randomblob(60000)) FROM orders",
+    "SELECT group_concat(hex(randomblob(1000))) FROM orders",
+    "SELECT randomblob(99000), randomblob(99000), randomblob(99000) FROM orders",
+]
+
+
+def test_run_sql_never_builds_or_returns_a_huge_value():
+    """One SQL function call is not interrupted by the time limit, so SQLite's own length and column limits
+    refuse huge values as they are built, and a result is cut once its text passes a budget (issue 17)."""
+    import resource
+    import time
+
+    from agentrig.envs.datadesk.tools import (SQL_MAX_RESULT_CHARS, SQLRefused, open_sql_connection,
+                                              run_readonly_sql)
+
+    guarded = open_sql_connection(load_env("datadesk").db_file)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for query in HUGE:
+        started = time.perf_counter()
+        try:
+            out = run_readonly_sql(guarded, query)
+        except SQLRefused as exc:
+            assert "bytes was refused" in str(exc) or "at most 64 columns" in str(exc), (query, exc)
+        else:
+            text = repr(out["rows"])
+            assert len(text) <= 3 * SQL_MAX_RESULT_CHARS, query
+            assert out["rows"] == [[None]] or "only the first" in out.get("note", ""), (query, out.get("note"))
+        assert time.perf_counter() - started < 5, query
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert grown_mb < 150, f"the process grew by {grown_mb:.0f} MB"
+    assert run_readonly_sql(guarded, "SELECT count(*) FROM orders")["rows"][0][0] > 0  # still serves reads

@@ -34,6 +34,9 @@ from agentrig.harness.tools import Tool, tool
 NO_RESULT = "No result"
 SQL_MAX_ROWS = 50
 SQL_TIME_LIMIT_S = 1.0
+SQL_MAX_VALUE_BYTES = 100_000  # SQLite's own length limit: no string or blob over this is ever built
+SQL_MAX_COLUMNS = 64  # SQLite's column limit for a result (and any table or index it would read)
+SQL_MAX_RESULT_CHARS = 200_000  # rows are taken until their text passes this (the model is shown 4,000)
 REPORT_BODY_MAX = 2000
 
 # Tool names by family. TICKET_TOOLS are held out: only the test_unseen_tools split offers them.
@@ -284,6 +287,10 @@ def open_sql_connection(path: str | Path) -> SQLConnection:
         return sqlite3.SQLITE_DENY
 
     conn.set_authorizer(authorizer)
+    # One SQL function call is not interrupted by the progress handler: randomblob(1e9) or
+    # printf('%.*c', 2e8, 'x') would build its whole value first. SQLite's length limit refuses it at once.
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQL_MAX_VALUE_BYTES)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, SQL_MAX_COLUMNS)
     return SQLConnection(conn, denied)
 
 
@@ -296,7 +303,13 @@ def run_readonly_sql(guarded: SQLConnection, query: str, max_rows: int = SQL_MAX
     conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 2000)
     try:
         cur = conn.execute(query)
-        rows = cur.fetchmany(max_rows + 1)
+        rows, size = [], 0
+        while len(rows) <= max_rows and size <= SQL_MAX_RESULT_CHARS:
+            row = cur.fetchone()
+            if row is None:
+                break
+            rows.append(row)
+            size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
     except sqlite3.ProgrammingError as exc:
         if "one statement" in str(exc):
             raise SQLRefused("only one SQL statement per call is allowed") from None
@@ -308,12 +321,22 @@ def run_readonly_sql(guarded: SQLConnection, query: str, max_rows: int = SQL_MAX
         if "interrupted" in str(exc):
             raise SQLRefused(f"query stopped after the {time_limit_s:g} s time limit; narrow it with WHERE "
                              "or aggregate") from None
+        if "too big" in str(exc):
+            raise SQLRefused(f"a value over {SQL_MAX_VALUE_BYTES} bytes was refused; select shorter values") from None
+        if "too many columns" in str(exc):
+            raise SQLRefused(f"a result may have at most {SQL_MAX_COLUMNS} columns") from None
         raise SQLRefused(str(exc)) from None
     finally:
         conn.set_progress_handler(None, 0)
     if cur.description is None:
         raise SQLRefused("the statement returned no rows; write one SELECT statement")
-    out: dict[str, Any] = {"columns": [d[0] for d in cur.description], "rows": [list(r) for r in rows[:max_rows]]}
+    if size > SQL_MAX_RESULT_CHARS:  # the row that passed the budget is dropped: nothing huge is serialized
+        rows = rows[:-1]
+        out: dict[str, Any] = {"columns": [d[0] for d in cur.description], "rows": [list(r) for r in rows]}
+        out["note"] = (f"only the first {len(rows)} rows are shown (the result passed {SQL_MAX_RESULT_CHARS} "
+                       "characters); select fewer or shorter columns")
+        return out
+    out = {"columns": [d[0] for d in cur.description], "rows": [list(r) for r in rows[:max_rows]]}
     if len(rows) > max_rows:
         out["note"] = f"only the first {max_rows} rows are shown; add LIMIT, WHERE or aggregate"
     return out
