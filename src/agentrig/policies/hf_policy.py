@@ -248,13 +248,16 @@ class HFPolicy:
             raise ConfigError(f"an adapter named {name!r} is already loaded; unload it first or choose another name")
         base = self.model.get_base_model() if self.adapter_names else self.model
         check_adapter(base, folder)  # before PEFT touches the model: a failed load must not half-change it
-        try:
-            if not self.adapter_names:
-                from peft import PeftModel
+        from agentrig.models import quiet_loading
 
-                self.model = PeftModel.from_pretrained(self.model, folder, adapter_name=name, is_trainable=False)
-            else:
-                self.model.load_adapter(folder, adapter_name=name, is_trainable=False)
+        try:
+            with quiet_loading():
+                if not self.adapter_names:
+                    from peft import PeftModel
+
+                    self.model = PeftModel.from_pretrained(self.model, folder, adapter_name=name, is_trainable=False)
+                else:
+                    self.model.load_adapter(folder, adapter_name=name, is_trainable=False)
         except Exception as exc:  # noqa: BLE001 - PEFT raises many kinds for a folder the base cannot take
             if name in getattr(self.model, "peft_config", {}):
                 self.model.delete_adapter(name)
@@ -305,12 +308,15 @@ class HFPolicy:
         for name in adapters:
             if name == BASE:
                 raise ConfigError(f"{BASE!r} is reserved for the model without adapters; rename that adapter")
+        from agentrig.models import quiet_loading
+
         items = list(adapters.items())
         first_name, first_dir = items[0]
         try:
-            peft_model = PeftModel.from_pretrained(model, first_dir, adapter_name=first_name, is_trainable=False)
-            for name, folder in items[1:]:
-                peft_model.load_adapter(folder, adapter_name=name, is_trainable=False)
+            with quiet_loading():
+                peft_model = PeftModel.from_pretrained(model, first_dir, adapter_name=first_name, is_trainable=False)
+                for name, folder in items[1:]:
+                    peft_model.load_adapter(folder, adapter_name=name, is_trainable=False)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load adapters {adapters}: {exc}") from None
         self.adapter_names = [name for name, _ in items]
