@@ -69,14 +69,21 @@ def test_generation_with_padding_and_cache_falls_back_to_sdpa(smol_tokenizer):
     from agentrig.train.attention import use_packed_attention
     from agentrig.models import tiny_random_model
 
-    reference = tiny_random_model(len(smol_tokenizer)).eval()
-    switched = tiny_random_model(len(smol_tokenizer)).eval()
+    # initializer_range 0.2: at the default 0.02 the tiny model repeats one token whatever it is given, and
+    # a broken padding mask would go unseen
+    reference = tiny_random_model(len(smol_tokenizer), initializer_range=0.2).eval()
+    switched = tiny_random_model(len(smol_tokenizer), initializer_range=0.2).eval()
     use_packed_attention(switched, 512)
     ids = torch.tensor([[0, 0, 0, 501, 502, 503], [601, 602, 603, 604, 605, 606]])
     mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        assert torch.equal(reference.generate(ids, **kwargs), switched.generate(ids, **kwargs))
+        expected = reference.generate(ids, **kwargs)
+        assert torch.equal(expected, switched.generate(ids, **kwargs))
+        assert not torch.equal(expected[0, 6:], expected[1, 6:])  # the rows' replies differ: the test can see a mix-up
+        unpadded = reference.generate(ids[:1, 3:], attention_mask=mask[:1, 3:], max_new_tokens=6, do_sample=False,
+                                      pad_token_id=0)
+        assert torch.equal(expected[0, 6:], unpadded[0, 3:])  # the padded row generates as it does unpadded
 
 
 @pytest.mark.parametrize("overrides, allowed", [

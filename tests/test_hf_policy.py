@@ -22,13 +22,16 @@ def _request(prompt: str, family: str = "lookup") -> PolicyRequest:
 PROMPTS = ["hi", "what is the stock level of SKU A-17 in the north warehouse?", "list orders", "x y z " * 12]
 
 
-def test_batched_greedy_equals_one_at_a_time(tiny_model, smol_tokenizer) -> None:
+def test_batched_greedy_equals_one_at_a_time(smol_tokenizer) -> None:
+    from agentrig.models import tiny_random_model
     from agentrig.policies.hf_policy import HFPolicy
 
-    policy = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=12)
+    # initializer_range 0.2: at 0.02 every reply is the same twelve newlines, and a broken mask would pass
+    policy = HFPolicy(tiny_random_model(len(smol_tokenizer), initializer_range=0.2), smol_tokenizer, max_new_tokens=12)
     requests = [_request(p) for p in PROMPTS]
     batched = policy.generate_batch(requests)
     single = [policy.generate(r) for r in requests]
+    assert len({r.text for r in single}) > 1  # the replies differ, so a row mix-up or padding leak shows
     assert [r.text for r in batched] == [r.text for r in single]
     assert [r.completion_tokens for r in batched] == [r.completion_tokens for r in single]
     lengths = [len(policy.renderer.prompt_ids(r.messages)) for r in requests]
