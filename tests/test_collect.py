@@ -49,6 +49,7 @@ def test_output_is_complete_labelled_and_deterministic(reference, tmp_path):
     assert _lines(again) == _lines(reference)
 
 
+@pytest.mark.slow
 def test_sigkill_at_several_points_then_resume_equals_uninterrupted(reference, tmp_path):
     out = tmp_path / "train.jsonl"
     cmd = [sys.executable, "-m", "agentrig", "collect", "--episodes", str(N), "--out", str(out), "--faults", "0.25",

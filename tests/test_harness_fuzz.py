@@ -7,6 +7,8 @@ calls (executed or rejected with a defect), or a defect of a known kind.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -66,6 +68,7 @@ TASK = TaskSpec(id="fuzz", prompt="find Ada")
 CONFIG = HarnessConfig(max_steps=2, max_output_chars=500)
 
 
+@pytest.mark.slow
 @settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(OUTPUTS)
 def test_no_output_escapes_and_every_output_is_classified(output):

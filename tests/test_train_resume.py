@@ -84,6 +84,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_sigkilled_process_resumes_and_finishes(tmp_path, tiny_model_dir):
     from agentrig.train.train import last_complete_checkpoint, run_train
 
@@ -115,6 +116,7 @@ def test_sigkilled_process_resumes_and_finishes(tmp_path, tiny_model_dir):
     _assert_same_adapter(reference.adapter_dir, tmp_path / "killed" / "adapter")
 
 
+@pytest.mark.slow
 def test_accelerate_launch_one_cpu_process(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=5))
     config_path = _write_config(tmp_path / "train.yaml",
