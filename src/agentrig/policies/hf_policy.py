@@ -212,32 +212,13 @@ class HFPolicy:
         `admit` and `on_done` are the continuous batching of `_decode` (rows that join a running batch, and
         a call as each row finishes); without the prefix cache, rows are only admitted at the start.
         """
-        import torch
-
         saved = (self.max_new_tokens, self.temperature, self.top_p)
         self.max_new_tokens = saved[0] if max_new_tokens is None else max_new_tokens
         self.temperature = saved[1] if temperature is None else temperature
         self.top_p = saved[2] if top_p is None else top_p
         try:
-            generator = None
-            if self.temperature > 0:
-                generator = torch.Generator().manual_seed(seed if seed is not None else
-                                                          (self.seed or 0) * 1_000_003 + self._calls)
-            self._calls += 1
-            with self._adapter(adapter), torch.inference_mode(), self._precision():
-                if self.prefix_cache and max(len(p) for p in prompts) > 1:
-                    return self._decode(prompts, keys, generator, on_token, admit, on_done)
-                rows = self._hf_generate(prompts, generator)
-            if on_token is not None:  # the plain path generates first; its tokens are reported afterwards
-                for r, row in enumerate(rows):
-                    for k, token in enumerate(row):
-                        if on_token(r, token):
-                            del row[k + 1:]
-                            break
-            if on_done is not None:
-                for r in range(len(rows)):
-                    on_done(r)
-            return rows
+            with self._adapter(adapter):
+                return self._rows(prompts, keys, seed, on_token, admit, on_done)
         finally:
             self.max_new_tokens, self.temperature, self.top_p = saved
 
@@ -336,22 +317,39 @@ class HFPolicy:
 
     def _generate_ids(self, prompts: list[list[int]], keys: list[tuple[str, str]]) -> list[PolicyReply]:
         """Generate for one batch (one adapter active); `keys` are the rows' prefix-cache keys."""
-        import torch
-
-        generator = None
-        if self.temperature > 0 and self.seed is not None:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self._calls)
-        self._calls += 1
-        with torch.inference_mode(), self._precision():
-            if self.prefix_cache and max(len(p) for p in prompts) > 1:
-                rows = self._decode(prompts, keys, generator)
-            else:
-                rows = self._hf_generate(prompts, generator)
         replies = []
-        for row, prompt in zip(rows, prompts):
+        for row, prompt in zip(self._rows(prompts, keys), prompts):
             text, used = self.reply_text(row)
             replies.append(PolicyReply(text=text, prompt_tokens=len(prompt), completion_tokens=used))
         return replies
+
+    def _rows(self, prompts: list[list[int]], keys: list[tuple[str, str]], seed: int | None = None,
+              on_token: Callable[[int, int], bool] | None = None,
+              admit: Callable[[int], list[tuple[list[int], tuple[str, str]]]] | None = None,
+              on_done: Callable[[int], None] | None = None) -> list[list[int]]:
+        """The generated ids of one batch (the active adapter, the current sampling settings): the decode loop,
+        or `generate` without the prefix cache (whose tokens reach `on_token`/`on_done` afterwards).
+
+        Sampling is seeded by `seed` exactly, else by the policy's `seed` and the call count, else not at all.
+        """
+        import torch
+
+        generator = None
+        if self.temperature > 0 and (seed is not None or self.seed is not None):
+            generator = torch.Generator().manual_seed(seed if seed is not None else self.seed * 1_000_003 + self._calls)
+        self._calls += 1
+        with torch.inference_mode(), self._precision():
+            if self.prefix_cache and max(len(p) for p in prompts) > 1:
+                return self._decode(prompts, keys, generator, on_token, admit, on_done)
+            rows = self._hf_generate(prompts, generator)
+        for r, row in enumerate(rows):
+            for k, token in enumerate(row):
+                if on_token is not None and on_token(r, token):
+                    del row[k + 1:]
+                    break
+            if on_done is not None:
+                on_done(r)
+        return rows
 
     # -- the stopping rules (one place: the decode loop, the plain path and the replay check use them) --
     def finished(self, generated: list[int]) -> bool:

@@ -257,8 +257,8 @@ class Engine:
         try:
             self.policy.generate_rows([job.prompt for job, _ in rows], adapter, keys, max_new_tokens=max_new,
                                       temperature=first.temperature, top_p=first.top_p, seed=first.seed,
-                                      on_token=on_token, admit=admit if first.seed is None or first.temperature == 0
-                                      else None, on_done=on_done)
+                                      on_token=on_token, admit=admit, on_done=on_done)  # a seeded job's group
+                                      # is its own, so nothing ever joins its batch
         except Exception as exc:  # noqa: BLE001 - the jobs of this batch fail, the engine keeps serving
             for job in {id(j): j for j, _ in rows}.values():
                 if not job.future.done():
