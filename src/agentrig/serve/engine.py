@@ -252,13 +252,13 @@ class Engine:
             self.largest_batch = max(self.largest_batch, len(rows) - finished[0])  # rows decoding together
             return new
 
+        # A seeded job's group is its own (`Job.group`), so nothing joins its batch and its sampling stays exact.
         keys = [(f"serve-{next(self._ids)}", adapter) for _ in rows]
         self.largest_batch = max(self.largest_batch, len(rows))
         try:
             self.policy.generate_rows([job.prompt for job, _ in rows], adapter, keys, max_new_tokens=max_new,
                                       temperature=first.temperature, top_p=first.top_p, seed=first.seed,
-                                      on_token=on_token, admit=admit, on_done=on_done)  # a seeded job's group
-                                      # is its own, so nothing ever joins its batch
+                                      on_token=on_token, admit=admit, on_done=on_done)
         except Exception as exc:  # noqa: BLE001 - the jobs of this batch fail, the engine keeps serving
             for job in {id(j): j for j, _ in rows}.values():
                 if not job.future.done():
