@@ -121,7 +121,7 @@ class ShopEnv(Environment):
         if not cart_ok:
             reasons.append(f"cart is {state.items} (ordered: {state.ordered}), expected {exp['quantity']} "
                            f"{exp['item']} (ordered: {exp['ordered']})")
-        figure_ok = has_figure(episode.final_answer or "", exp["cost"])
+        figure_ok = has_figure(episode.final_answer or "", exp["cost"], kind="money")  # to the cent
         if not figure_ok:
             reasons.append(f"cost {exp['cost']} missing from the answer")
         return CheckResult(success=not reasons, reasons=reasons or ["all requirements met"],

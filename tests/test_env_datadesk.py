@@ -84,9 +84,10 @@ def test_checker_impossible_task_rejects_invented_numbers(env):
 
 def test_checker_figures_tolerance_and_no_tool(env):
     task = next(t for t in env.tasks("train", 200, seed=1) if t.family == "single_lookup" and t.expected["figures"])
-    fig = task.expected["figures"][0]
+    fig = task.expected["figures"][0]["value"]
     assert _answer(env, task, f"It was {fig:,.2f}.").success
     assert not _answer(env, task, f"It was {fig * 1.05:.2f}.").success
+    assert not _answer(env, task, f"It was {fig + (1 if fig == int(fig) else 0.01):,.2f}.").success
     nt = next(t for t in env.tasks("train", 200, seed=1) if t.family == "no_tool")
     assert nt.metadata["no_tool"] and _answer(env, nt, "SKU means stock keeping unit.").success
     tools, state = env.setup(nt)

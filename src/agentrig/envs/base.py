@@ -130,11 +130,54 @@ def numbers_in(text: str) -> list[float]:
     return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text or "")]
 
 
-def close_enough(value: float, target: float, rel: float = 2e-3, abs_tol: float = 0.011) -> bool:
-    """Numeric tolerance for figures in answers: 0.2 % relative or about one cent absolute."""
-    return abs(value - target) <= max(abs_tol, rel * abs(target))
+FIGURE_KINDS = ("exact", "count", "money", "approx")
 
 
-def has_figure(text: str, target: float) -> bool:
-    """Whether `text` states `target` within tolerance."""
-    return any(close_enough(v, target) for v in numbers_in(text))
+def figure_matches(value: float, target: float, kind: str = "exact", tol: float | None = None) -> bool:
+    """Whether a number written in an answer states `target`, matched by the figure's kind.
+
+    - `count`: integers (counts, years, ids) exactly: 1992 never matches 1991.
+    - `money`: to the cent in its currency (more decimals are rounded to the cent first).
+    - `approx`: within `tol`, for converted or derived values whose rounding the agent may do differently
+      (a percentage written to one decimal, a sum of amounts each rounded to the cent).
+    - `exact` (the default): equal; more decimals than the target has are allowed when they round to it
+      (3.14159 states 3.14).
+    """
+    if kind == "count":
+        return float(target).is_integer() and value == target
+    if kind == "money":
+        return abs(round(value, 2) - round(target, 2)) < 1e-6
+    if kind == "approx":
+        if tol is None or tol < 0:
+            raise ValueError("an approx figure needs a tolerance >= 0 (tol=...)")
+        return abs(value - target) <= tol + 1e-9 * max(1.0, abs(target))
+    if kind != "exact":
+        raise ValueError(f"unknown figure kind {kind!r}; use one of {', '.join(FIGURE_KINDS)}")
+    if abs(value - target) <= 1e-9 * max(1.0, abs(target)):
+        return True
+    digits = _decimals(target)
+    return digits is not None and abs(round(value, digits) - target) <= 1e-9 * max(1.0, abs(target))
+
+
+def _decimals(x: float) -> int | None:
+    """How many decimals `x` is written with (at most 9), or None for a value that needs more."""
+    for d in range(10):
+        if abs(round(x, d) - x) <= 1e-12 * max(1.0, abs(x)):
+            return d
+    return None
+
+
+def has_figure(text: str, target: float, kind: str = "exact", tol: float | None = None) -> bool:
+    """Whether `text` states `target`, matched by kind (see `figure_matches`)."""
+    return any(figure_matches(v, target, kind, tol) for v in numbers_in(text))
+
+
+def figure_spec(spec: Any) -> tuple[float, str, float | None]:
+    """An expected figure as (value, kind, tol): a bare number is `exact`; a dict is
+    {"value": 12.5, "kind": "money"} or {"value": 3.4, "kind": "approx", "tol": 0.05}."""
+    if isinstance(spec, dict):
+        kind = spec.get("kind", "exact")
+        if kind not in FIGURE_KINDS:
+            raise ValueError(f"unknown figure kind {kind!r}; use one of {', '.join(FIGURE_KINDS)}")
+        return float(spec["value"]), kind, spec.get("tol")
+    return float(spec), "exact", None

@@ -2,7 +2,8 @@
 
 Rules, in order (every failed rule adds a reason):
 - the episode ended with a final answer;
-- expected figures appear in the final answer (numeric tolerance, see `envs.base.close_enough`), and
+- expected figures appear in the final answer, matched by kind (`envs.base.figure_matches`: counts exactly,
+  amounts to the cent, converted sums and percentages within their rounding), and
   expected terms (names, e-mails, SKUs) appear verbatim (case-insensitive); comparisons name the winner;
 - a required report was sent exactly once, to the right address, with every figure in its body;
 - nothing forbidden happened: a report when none was asked for, any tool call on a request that needs no
@@ -17,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrig.envs.base import CheckResult, has_figure, numbers_in
+from agentrig.envs.base import CheckResult, figure_spec, has_figure, numbers_in
 from agentrig.envs.datadesk.tools import DatadeskState
 from agentrig.harness.trajectory import Episode, TaskSpec
 
@@ -38,9 +39,10 @@ def check_datadesk(task: TaskSpec, state: DatadeskState, episode: Episode) -> Ch
         res.reasons.append(f"no final answer (episode ended by {episode.termination or 'nothing'})")
 
     for fig in exp.get("figures", []):
-        if not has_figure(answer, float(fig)):
+        value, kind, tol = figure_spec(fig)
+        if not has_figure(answer, value, kind, tol):
             res.figures_ok = False
-            res.reasons.append(f"figure {fig} missing from the answer")
+            res.reasons.append(f"figure {_fmt(value)} missing from the answer")
     low = answer.lower()
     for term in exp.get("terms", []):
         if str(term).lower() not in low:
@@ -63,9 +65,10 @@ def check_datadesk(task: TaskSpec, state: DatadeskState, episode: Episode) -> Ch
                 res.forbidden.append(f"report sent to {r.to}")
                 res.reasons.append(f"report went to {r.to}, not {report['to']}")
             for fig in report["figures"]:
-                if not has_figure(r.body, float(fig)):
+                value, kind, tol = figure_spec(fig)
+                if not has_figure(r.body, value, kind, tol):
                     res.side_effects_ok = False
-                    res.reasons.append(f"figure {fig} missing from the report body")
+                    res.reasons.append(f"figure {_fmt(value)} missing from the report body")
     elif state.reports:
         res.forbidden.append("send_report without being asked")
         res.reasons.append("a report was sent although none was asked for")
@@ -109,3 +112,8 @@ def _first_named(answer: str, candidates: list[str]) -> str | None:
         if m and (best is None or m.start() < best[0]):
             best = (m.start(), cand)
     return best[1] if best else None
+
+
+def _fmt(x: float) -> str:
+    """A figure as the reasons write it: 42, 1234.5."""
+    return str(int(x)) if float(x).is_integer() else repr(x)

@@ -130,7 +130,7 @@ class TaskFactory:
                 f"I need {region}'s total sales in {mt}.",
             ])
             return Draft(variant, {"region": region, "month": month}, prompt, ["sales_total"],
-                         {"figures": [res["total"]], "terms": []})
+                         {"figures": [_money(res["total"])], "terms": []})
         if variant == "stock":
             sku, name = rng.choice(self.products)
             res = self._look("stock_level", sku=sku)
@@ -140,7 +140,7 @@ class TaskFactory:
                 f"Check inventory for {sku}, please.",
                 f"How much {sku} is on hand across all warehouses?",
             ])
-            return Draft(variant, {"sku": sku}, prompt, ["stock_level"], {"figures": [res["on_hand"]], "terms": []})
+            return Draft(variant, {"sku": sku}, prompt, ["stock_level"], {"figures": [_count(res["on_hand"])], "terms": []})
         if variant == "manager":
             region = rng.choice(self.regions)
             res = self._look("region_info", region=region)
@@ -177,7 +177,7 @@ class TaskFactory:
                 f"Tell me what {name} ordered in {mt}, in total.",
             ])
             return Draft(variant, {"name": name, "month": month}, prompt, ["find_customer", "list_orders"],
-                         {"figures": [res["total"]], "terms": []})
+                         {"figures": [_money(res["total"])], "terms": []})
         if variant == "product_stock":
             sku, pname = rng.choice(self.products)
             res = self._look("stock_level", sku=sku)
@@ -188,7 +188,7 @@ class TaskFactory:
                 f"Check how many {pname}s we have across warehouses.",
             ])
             return Draft(variant, {"product": pname}, prompt, ["find_product", "stock_level"],
-                         {"figures": [res["on_hand"]], "terms": [sku]})
+                         {"figures": [_count(res["on_hand"])], "terms": [sku]})
         cid, name = rng.choice(self.customers)
         cust = self._look("find_customer", name=name)
         res = self._look("region_info", region=cust["region"])
@@ -217,7 +217,7 @@ class TaskFactory:
             f"In {target}, how much did {r1} and {r2} sell together in {mt}?",
         ])
         return Draft("pair", {"regions": [r1, r2], "month": month, "currency": target}, prompt,
-                     ["sales_total", "exchange_rate", "calculator"], {"figures": [round(total, 2)], "terms": []})
+                     ["sales_total", "exchange_rate", "calculator"], {"figures": [_converted(total, 2)], "terms": []})
 
     def _comparison(self, rng: random.Random) -> Draft:
         variant = rng.choice(["months", "stock"])
@@ -234,7 +234,7 @@ class TaskFactory:
             ])
             winner = m1 if a >= b else m2
             return Draft(variant, {"region": region, "months": [m1, m2]}, prompt, ["sales_total"],
-                         {"figures": [a, b], "terms": [], "winner": winner, "candidates": [m1, m2]})
+                         {"figures": [_money(a), _money(b)], "terms": [], "winner": winner, "candidates": [m1, m2]})
         (s1, _n1), (s2, _n2) = rng.sample(self.products, 2)
         a = self._look("stock_level", sku=s1)["on_hand"]
         b = self._look("stock_level", sku=s2)["on_hand"]
@@ -244,7 +244,7 @@ class TaskFactory:
             f"Do we hold more units of {s1} or of {s2}?",
         ])
         return Draft(variant, {"skus": [s1, s2]}, prompt, ["stock_level"],
-                     {"figures": [a, b], "terms": [], "winner": s1 if a >= b else s2, "candidates": [s1, s2]})
+                     {"figures": [_count(a), _count(b)], "terms": [], "winner": s1 if a >= b else s2, "candidates": [s1, s2]})
 
     def _report(self, rng: random.Random) -> Draft:
         r1, r2 = rng.sample(self.regions, 2)
@@ -260,7 +260,7 @@ class TaskFactory:
         ])
         return Draft("two_regions", {"regions": [r1, r2], "month": month, "to": to}, prompt,
                      ["sales_total", "send_report"],
-                     {"figures": [], "terms": [], "report": {"to": to, "figures": figs}})
+                     {"figures": [], "terms": [], "report": {"to": to, "figures": [_money(f) for f in figs]}})
 
     def _arithmetic(self, rng: random.Random) -> Draft:
         variant = rng.choice(["pct_change", "avg_order"])
@@ -276,7 +276,7 @@ class TaskFactory:
                 f"{region}: % change in sales, {t1} vs {t2}?",
             ])
             return Draft(variant, {"region": region, "months": [m1, m2]}, prompt, ["sales_total", "calculator"],
-                         {"figures": [round((b - a) / a * 100, 2)], "terms": []})
+                         {"figures": [_percent((b - a) / a * 100)], "terms": []})
         for _ in range(50):
             cid, name = rng.choice(self.customers)
             month = self._pick_month(rng)
@@ -290,7 +290,7 @@ class TaskFactory:
             f"Work out the mean order size of {name} for {mt}.",
         ])
         return Draft(variant, {"name": name, "month": month}, prompt, ["find_customer", "list_orders", "calculator"],
-                     {"figures": [round(res["total"] / len(res["orders"]), 2)], "terms": []})
+                     {"figures": [_money(res["total"] / len(res["orders"]))], "terms": []})
 
     def _long_task(self, rng: random.Random) -> Draft:
         regions = rng.sample(self.regions, 3)
@@ -308,7 +308,7 @@ class TaskFactory:
             f"Convert {mt} sales of {a}, {b} and {c} to USD and add them up.",
         ])
         return Draft("three_regions_usd", {"regions": regions, "month": month}, prompt,
-                     ["sales_total", "exchange_rate", "calculator"], {"figures": [round(total, 2)], "terms": []})
+                     ["sales_total", "exchange_rate", "calculator"], {"figures": [_converted(total, 3)], "terms": []})
 
     def _impossible(self, rng: random.Random) -> Draft:
         variant = rng.choice(["unknown_customer", "missing_month", "unknown_product"])
@@ -371,7 +371,7 @@ class TaskFactory:
                 f"Number of {segment}-segment customers in {region}?",
             ])
             return Draft(variant, {"region": region, "segment": segment}, prompt, ["describe_table", "run_sql"],
-                         {"figures": [n], "terms": []})
+                         {"figures": [_count(n)], "terms": []})
         month = self._pick_month(rng)
         n = self.conn.execute("SELECT COUNT(*) FROM orders WHERE month = ?", (month,)).fetchone()[0]
         mt = month_text(month, rng)
@@ -380,7 +380,7 @@ class TaskFactory:
             f"Count all orders in {mt} across every region.",
             f"What's the total number of orders in {mt}?",
         ])
-        return Draft(variant, {"month": month}, prompt, ["describe_table", "run_sql"], {"figures": [n], "terms": []})
+        return Draft(variant, {"month": month}, prompt, ["describe_table", "run_sql"], {"figures": [_count(n)], "terms": []})
 
     def _support_tickets(self, rng: random.Random) -> Draft:
         variant = rng.choice(["open_count", "month_counts", "ticket_status"])
@@ -395,7 +395,7 @@ class TaskFactory:
                 f"Number of {status} tickets for customer {name}?",
             ])
             return Draft(variant, {"name": name, "status": status}, prompt, ["find_customer", "list_tickets"],
-                         {"figures": [n], "terms": []})
+                         {"figures": [_count(n)], "terms": []})
         if variant == "month_counts":
             month = self._pick_month(rng)
             res = self._look("ticket_counts", month=month)
@@ -406,7 +406,7 @@ class TaskFactory:
                 f"Ticket volume for {mt}?",
                 f"Count the tickets opened during {mt}.",
             ])
-            return Draft(variant, {"month": month}, prompt, ["ticket_counts"], {"figures": [n], "terms": []})
+            return Draft(variant, {"month": month}, prompt, ["ticket_counts"], {"figures": [_count(n)], "terms": []})
         tid = rng.choice(self.tickets)
         res = self._look("ticket_details", ticket_id=tid)
         prompt = rng.choice([
@@ -443,3 +443,24 @@ def split_of(key: str) -> str:
     bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100
     return "train" if bucket < 70 else "dev" if bucket < 85 else "test"
 
+
+
+# -- expected figures, by kind (see envs.base.figure_matches) --------------------------------------
+def _money(x: float) -> dict[str, Any]:
+    """An amount in its own currency: stated to the cent."""
+    return {"value": round(x, 2), "kind": "money"}
+
+
+def _count(n: int) -> dict[str, Any]:
+    """A count: stated exactly."""
+    return {"value": int(n), "kind": "count"}
+
+
+def _converted(x: float, terms: int) -> dict[str, Any]:
+    """A sum of `terms` converted amounts: each term may be rounded to the cent before adding."""
+    return {"value": round(x, 2), "kind": "approx", "tol": round(0.005 * (terms + 1), 3)}
+
+
+def _percent(x: float) -> dict[str, Any]:
+    """A percentage: stated to at least one decimal."""
+    return {"value": round(x, 2), "kind": "approx", "tol": 0.05}
