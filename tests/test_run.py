@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from agentrig.errors import ConfigError
-from agentrig.run import PROFILES, RunConfig, _curve_steps, _Stages, below_base, run_main_job
+from agentrig.run import PROFILES, RunConfig, _curve_steps, _Stages, _train, below_base, run_main_job
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_stage_record_skips_finished_stages(tmp_path):
@@ -27,14 +30,67 @@ def test_a_folder_holding_another_run_is_refused(tmp_path):
         run_main_job(RunConfig(out=str(tmp_path), profile="tiny"))
 
 
-def test_profiles_use_the_measured_recipe_and_fit_the_budget():
-    default = PROFILES["default"]
-    assert not default.dpo and PROFILES["full"].dpo
-    assert (default.lora_target, default.learning_rate, default.tool_listing) == ("all", 1e-3, "compact")
-    assert default.eval_limit >= 40  # the issue's floor for intervals that mean something
-    # ~15.5 min at ~440 tokens/s (4.65 s a 2,048-token step in bf16 on the 2-core machine, docs/benchmarks.md)
-    assert default.sft_steps * default.batch_size * default.max_seq_length <= 420_000
-    assert _curve_steps(default) == [67, 133] and _curve_steps(PROFILES["tiny"]) == [1]
+def _trainer_configs(profile: str, tmp_path, monkeypatch) -> list:
+    """The `TrainConfig`s the main job's training stages hand to `run_train` for `profile` (SFT, then DPO)."""
+    import agentrig.train.train as train
+
+    handed = []
+
+    def run_train(config, resume=False, callbacks=None):
+        handed.append(config)
+        return train.TrainResult(str(tmp_path / config.stage / "adapter"), config.output_dir, config.stage, [],
+                                 config.max_steps, 0.0, 0, 0, "")
+
+    monkeypatch.setattr(train, "run_train", run_train)
+    prof, cfg = PROFILES[profile], RunConfig(out=str(tmp_path), profile=profile)
+    sft = _train(cfg, prof, tmp_path, "sft", str(tmp_path / "data"), prof.sft_steps)
+    if prof.dpo:
+        _train(cfg, prof, tmp_path, "dpo", str(tmp_path / "dpo_pairs.jsonl"), prof.dpo_steps, adapter=sft["adapter"])
+    return handed
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_profiles_use_the_measured_recipe_and_fit_the_budget(profile, tmp_path, monkeypatch):
+    """The LoRA each profile trains, read from the PEFT model that the config it hands the trainer builds: the
+    seed's rank and alpha (and dropout, which the seed leaves at TrainConfig's default), on every linear layer
+    but the head (the measured recipe, docs/training.md), with the seed's schedule."""
+    import torch
+    from peft import get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    from agentrig.models import quiet_loading, tiny_random_model
+    from agentrig.train.train import _lora_config, _training_kwargs
+    from agentrig.train.trainconfig import load_config
+
+    seed = load_config(REPO / "examples" / "lora_agent.yaml")
+    sft, *dpo = _trainer_configs(profile, tmp_path, monkeypatch)
+    base = tiny_random_model(256)
+    linear = sorted(n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head")
+    with quiet_loading():
+        model = get_peft_model(base, _lora_config(sft))
+    layers = {n.removeprefix("base_model.model."): m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    assert sorted(layers) == linear  # every linear layer, attention and MLP, and not the (tied) head
+    assert set(seed.target_modules()) <= {n.rsplit(".", 1)[-1] for n in layers}
+    for name, layer in layers.items():
+        assert layer.r["default"] == seed.lora_rank, name
+        assert layer.scaling["default"] == seed.lora_alpha / seed.lora_rank, name
+        dropout = layer.lora_dropout["default"]
+        assert (dropout.p if isinstance(dropout, torch.nn.Dropout) else 0.0) == seed.lora_dropout, name
+    args = _training_kwargs(sft, tmp_path / "checkpoints")
+    assert (args["learning_rate"], args["lr_scheduler_type"]) == (PROFILES[profile].learning_rate, seed.lr_scheduler_type)
+    assert args["max_steps"] == PROFILES[profile].sft_steps
+    if profile == "default":
+        assert PROFILES[profile].eval_limit >= 40  # the issue's floor for intervals that mean something
+        assert _curve_steps(PROFILES["default"]) == [67, 133] and _curve_steps(PROFILES["tiny"]) == [1]
+        # ~15.5 min at ~440 tokens/s (4.65 s a 2,048-token step in bf16 on the 2-core machine, docs/benchmarks.md)
+        tokens_per_step = args["per_device_train_batch_size"] * args["gradient_accumulation_steps"] * sft.max_seq_length
+        assert args["max_steps"] * tokens_per_step <= 420_000
+    # default is SFT only; full and tiny add a DPO round, which continues the SFT adapter (and its saved
+    # config states that adapter's LoRA).
+    assert len(dpo) == (0 if profile == "default" else 1)
+    for config in dpo:
+        assert config.adapter_name_or_path == str(tmp_path / "sft" / "adapter")
+        assert _lora_config(config).to_dict() == _lora_config(sft).to_dict()
 
 
 @pytest.mark.slow
