@@ -54,7 +54,10 @@ def test_trl_export_through_trls_own_tokenization(built, tmp_path, smol_tokenize
     tok_copy = type(tok).from_pretrained(tok.name_or_path)
     tok_copy.chat_template = template
     trainer = SFTTrainer(model=tiny_model, args=args, train_dataset=ds, processing_class=tok_copy)
-    for row, sample in zip(trainer.train_dataset, samples):
+    # TRL kept every row, in order: each tokenized row is the sample it is compared with below.
+    assert len(trainer.train_dataset) == len(ds) == len(samples) == len(tokenized)
+    for row, sample in zip(trainer.train_dataset, samples, strict=True):
+        assert (row["messages"], row["tools"]) == (sample.messages, sample.tools), sample.sample_id
         ours = tokenized[sample.sample_id]
         n = len(ours["input_ids"])
         assert row["input_ids"][:n] == ours["input_ids"]  # TRL only adds the trailing newline of the last turn
