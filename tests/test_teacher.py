@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -98,7 +99,11 @@ def test_total_failure_is_told_honestly_and_labelled(env):
     task = _task(env, "single_lookup", "sales")
     ep, res, _ = _run(env, task, hook=_script(["timeout"] * 4))
     assert ep.termination == "final_answer" and not res.success
-    assert "could not" in ep.final_answer and not any(ch.isdigit() for ch in ep.final_answer.split(":")[0][-20:])
+    assert "could not" in ep.final_answer
+    # No figure anywhere in the answer that neither the user nor a tool gave (the tools gave only errors).
+    figures = re.compile(r"\d+(?:[.,]\d+)*")
+    given = set(figures.findall(task.prompt + " ".join(r.content for step in ep.steps for r in step.results)))
+    assert set(figures.findall(ep.final_answer)) <= given, ep.final_answer
     assert "figure" in res.reasons[0]
 
 
