@@ -46,7 +46,7 @@ def make_tools(cart: Cart) -> list[Tool]:
         """
         return {"item": item, "price": PRICES[item]} if item in PRICES else "No result"
 
-    @tool
+    @tool(side_effects=True)  # it changes the cart: faults never run it and then corrupt its output
     def add_to_cart(item: str, quantity: int) -> dict[str, Any]:
         """Put some units of an item in the cart.
 
@@ -59,7 +59,7 @@ def make_tools(cart: Cart) -> list[Tool]:
         cart.items[item] = cart.items.get(item, 0) + quantity
         return {"cart": dict(cart.items)}
 
-    @tool
+    @tool(side_effects=True)
     def checkout() -> dict[str, Any]:
         """Place the order for everything in the cart."""
         if not cart.items or cart.ordered:
@@ -80,7 +80,6 @@ class ShopEnv(Environment):
                     "checkout": [("place_order", "Order everything that is in the cart now.")]}
     param_aliases = {"item": ["product"], "quantity": ["units"]}
     drift_names = {"price": "unit_price", "cart": "basket", "total": "amount"}  # schema_drift renames these
-    side_effect_tools = ("add_to_cart", "checkout")  # faults never run these and then corrupt the output
 
     def tasks(self, split: str, n: int, seed: int = 0, start: int = 0,
               family_weights: dict[str, float] | None = None) -> list[TaskSpec]:

@@ -1,4 +1,4 @@
-"""`agentrig collect`: ordered, labelled output; SIGKILL + --resume equals an uninterrupted run."""
+"""`agentrig collect`: ordered, labelled output; SIGKILL or Ctrl-C + --resume equals an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -72,6 +72,31 @@ def test_sigkill_at_several_points_then_resume_equals_uninterrupted(reference, t
         fh.write(b'{"episode_id": "torn", "ste')
     subprocess.run(cmd + ["--resume"], env=env, check=True)
     assert kills >= 1
+    assert _lines(out) == _lines(reference)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_collector_and_resume_equals_uninterrupted(reference, tmp_path):
+    out = tmp_path / "train.jsonl"
+    cmd = [sys.executable, "-m", "agentrig", "collect", "--episodes", str(N), "--out", str(out), "--faults", "0.25",
+           "--rename", "0.2", "--seed", "3", "--no-progress"]
+    interrupted = 0
+    for target in (30, 90):
+        proc = subprocess.Popen(cmd + (["--resume"] if out.exists() else []), stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_bytes().count(b"\n") >= target:
+                break
+            time.sleep(0.01)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # the user's Ctrl-C: never an observation, the run stops
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 130 and "agentrig collect: interrupted" in err and "Traceback" not in err, err
+            interrupted += 1
+            assert out.read_bytes().count(b"\n") < N
+        proc.wait()
+    subprocess.run(cmd + ["--resume"], check=True)
+    assert interrupted >= 1
     assert _lines(out) == _lines(reference)
 
 

@@ -88,3 +88,51 @@ def test_faults_are_recorded_in_the_episode_and_reproducible():
     (ep1, r1), (ep2, r2) = once(), once()
     assert ep1.faults and ep1.faults == ep2.faults and r1 == r2
     assert ep1.faults == [r.fault for s in ep1.steps for r in s.results if r.fault]
+
+
+def _writer_episode(kind: str, seed: int, declared: bool) -> tuple[int, bool]:
+    """One episode of a retrying agent against a custom tool that writes: (writes made, last call ok)."""
+    from agentrig.harness.policy import FunctionPolicy
+    from agentrig.harness.tools import ToolSet, tool
+    from agentrig.harness.trajectory import TaskSpec
+
+    written: list[str] = []
+
+    @tool(side_effects=declared)
+    def save_note(text: str) -> dict:
+        """Save a note to the user's notebook.
+
+        Args:
+            text: What to write.
+        """
+        written.append(text)
+        return {"saved": True, "count": len(written)}
+
+    def agent(request):
+        last = request.messages[-1]
+        if last["role"] == "tool":
+            try:
+                if json.loads(last["content"]).get("saved"):
+                    return "Saved your note."
+            except (json.JSONDecodeError, AttributeError):
+                pass
+        if request.step >= 4:
+            return "Sorry, the notebook kept failing; the note may not be saved."
+        return '<tool_call>\n{"name": "save_note", "arguments": {"text": "buy milk"}}\n</tool_call>'
+
+    task = TaskSpec(id=f"note-{seed}", prompt="Write 'buy milk' in my notebook.", allowed_tools=["save_note"])
+    hook = FaultConfig(rates={kind: 0.6}).injector(seed, tools=ToolSet([save_note]))
+    ep = run_episode(task, ToolSet([save_note]), FunctionPolicy(agent), HarnessConfig(), tool_hook=hook,
+                     episode_id=task.id)
+    results = [r for s in ep.steps for r in s.results]
+    return len(written), bool(results) and results[-1].ok and results[-1].fault is None
+
+
+def test_a_declared_write_tool_is_never_written_twice_under_any_fault_kind():
+    for kind in FAULT_KINDS:
+        outcomes = [_writer_episode(kind, seed, declared=True) for seed in range(30)]
+        assert all(writes <= 1 for writes, _ in outcomes), kind
+        assert all(writes == 1 for writes, ok in outcomes if ok), kind  # a retry after a stopped call writes once
+    # the same tool undeclared: a fault that corrupts the real output invites a retry, and the write happens twice
+    for kind in ("truncated", "malformed"):
+        assert any(writes == 2 for writes, _ in (_writer_episode(kind, s, declared=False) for s in range(30))), kind

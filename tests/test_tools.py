@@ -162,3 +162,93 @@ def test_async_tool_runs():
         return "fetched"
 
     assert ToolSet([_tool(fetch)]).execute(ToolCall("c", "t", {})).content == "fetched"
+
+
+def test_keyboard_interrupt_raised_in_a_tool_stops_the_run():
+    def interrupted():
+        raise KeyboardInterrupt
+
+    for isolation in ("thread", "process"):
+        t = Tool("t", "interrupted", {"type": "object", "properties": {}}, interrupted, isolation=isolation)
+        with pytest.raises(KeyboardInterrupt):
+            ToolSet([t]).execute(ToolCall("c", "t", {}))
+
+
+def test_hung_calls_are_bounded_per_tool_and_counted_until_they_finish():
+    import threading
+
+    from agentrig.harness import tools as tools_module
+
+    release = threading.Event()
+
+    def hang():
+        release.wait(30)
+        return "late"
+
+    ts = ToolSet([_tool(hang, "stuck", timeout_s=0.05), _tool(lambda: "fine", "other")])
+    before = threading.active_count()
+    try:
+        results = [ts.execute(ToolCall(f"c{i}", "stuck", {})) for i in range(3 * tools_module.MAX_HUNG_PER_TOOL)]
+        assert [r.error for r in results] == (["timeout"] * tools_module.MAX_HUNG_PER_TOOL
+                                              + ["hung"] * 2 * tools_module.MAX_HUNG_PER_TOOL)
+        assert "did not finish its last 4 calls and was not started again" in results[-1].content
+        assert threading.active_count() - before <= tools_module.MAX_HUNG_PER_TOOL  # no thread per refused call
+        assert ts.execute(ToolCall("x", "other", {})).ok  # other tools still run
+    finally:
+        release.set()
+    deadline = time.monotonic() + 5
+    while tools_module._POOL.hung.get("stuck") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "stuck" not in tools_module._POOL.hung
+    release.clear()
+    assert ts.execute(ToolCall("again", "stuck", {})).error == "timeout"  # started again once they finished
+    release.set()
+
+
+def _proc_tool(fn, name="t", timeout_s=5.0):
+    return Tool(name, f"{name} tool", {"type": "object", "properties": {}}, fn, timeout_s=timeout_s, isolation="process")
+
+
+def test_process_isolation_kills_hung_and_crashing_tools_and_the_next_call_runs():
+    import os
+    import signal
+
+    def hang():
+        time.sleep(3600)
+
+    def segfault():
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def leave():
+        os._exit(3)
+
+    def boom():
+        raise ValueError("bad input")
+
+    def big():
+        return {"pid": os.getpid(), "x": "y" * 50_000}
+
+    ts = ToolSet([_proc_tool(hang, "hang", 0.3), _proc_tool(segfault, "seg"), _proc_tool(leave, "leave"),
+                  _proc_tool(boom, "boom"), _proc_tool(big, "big"), _proc_tool(lambda: {"ok": 1}, "fine")],
+                 max_output_chars=200)
+    start = time.perf_counter()
+    res = ts.execute(ToolCall("c", "hang", {}))
+    assert res.error == "timeout" and time.perf_counter() - start < 2
+    seg = ts.execute(ToolCall("c", "seg", {}))
+    assert seg.error == "crashed" and "killed by signal SIGSEGV" in seg.content
+    assert ts.execute(ToolCall("c", "leave", {})).content.endswith("its process died: exit code 3)")
+    err = ts.execute(ToolCall("c", "boom", {}))
+    assert err.error == "exception" and err.content == "Tool execution failed: ValueError: bad input"
+    out = ts.execute(ToolCall("c", "big", {}))
+    assert out.ok and out.truncated and out.content.startswith('{"pid": ')
+    assert int(out.content.split('"pid": ')[1].split(",")[0]) != os.getpid()
+    fine = ts.execute(ToolCall("c", "fine", {}))
+    assert fine.ok and fine.content == '{"ok": 1}'
+    # no child is left behind: every one was reaped
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_a_bad_isolation_is_refused_at_definition():
+    with pytest.raises(ToolDefinitionError, match="isolation must be one of thread, process"):
+        Tool("t", "x", {"type": "object", "properties": {}}, lambda: 1, isolation="docker")

@@ -62,7 +62,7 @@ class TaskRunner:
         if transform is not None:
             task, tools = transform(task, tools)
         renames = (task.metadata.get("rename") or {}).get("tools")
-        hook = self.faults.injector(fault_key, renames) if self.faults is not None else None
+        hook = self.faults.injector(fault_key, renames, tools) if self.faults is not None else None
         return OpenTask(task, tools, state, hook, episode_id)
 
     def finish(self, opened: OpenTask, episode: Episode) -> Episode:

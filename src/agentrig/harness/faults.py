@@ -5,10 +5,11 @@ Kinds (seed section 4.3): `timeout` (simulated with the harness's own timeout te
 in feedback.json with every other model-facing text), `truncated` (the real output cut mid-way),
 `malformed` (the real output with broken JSON quoting) and `schema_drift` (one field of the real JSON
 output renamed). Each call draws once from a per-episode RNG, so the same seed and the same calls give
-the same faults. Faults that need the real output run the tool first; tools with side effects
-(`no_mutate`) only get faults that stop the call before it runs.
-Which tools have side effects and how drift renames fields are the environment's facts
-(`Environment.side_effect_tools`, `Environment.drift_names`), passed in by whoever builds the config.
+the same faults. Faults that need the real output run the tool first; tools with side effects only get
+faults that stop the call before it runs (a corrupted output after a write would invite a duplicate write).
+A tool has side effects when its definition says so (`Tool.side_effects`, passed in as the episode's
+`ToolSet`) or its environment lists it (`Environment.side_effect_tools` -> `no_mutate`); how drift renames
+fields is the environment's `drift_names`. Whoever builds the config passes these facts in.
 The built-in `note` tool is never faulted (the harness handles it before this hook anyway).
 """
 
@@ -17,11 +18,14 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, get_args
+from typing import TYPE_CHECKING, Callable, Mapping, get_args
 
 from agentrig.errors import ConfigError
 from agentrig.harness.protocol import feedback
 from agentrig.harness.trajectory import FaultKind, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from agentrig.harness.tools import ToolSet
 
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)  # this order is the draw order: it decides which fault a seed gives
 # Share of each kind in the default mix; `FaultConfig.from_total(0.25)` scales it to 25 % of calls.
@@ -71,19 +75,24 @@ class FaultConfig:
         """Probability that a call gets some fault."""
         return sum(self.rates.values())
 
-    def injector(self, seed: int | str, renames: dict[str, str] | None = None) -> "FaultInjector":
-        """A fresh hook for one episode; `renames` maps original tool names to this episode's names."""
-        return FaultInjector(self, seed, renames)
+    def injector(self, seed: int | str, renames: dict[str, str] | None = None,
+                 tools: "ToolSet | None" = None) -> "FaultInjector":
+        """A fresh hook for one episode; `renames` maps original tool names to this episode's names, and the
+        episode's `tools` add every tool whose definition declares side effects."""
+        return FaultInjector(self, seed, renames, tools)
 
 
 class FaultInjector:
     """A ToolHook: `hook(call, execute) -> ToolResult`. One per episode; draws once per executed call."""
 
-    def __init__(self, config: FaultConfig, seed: int | str, renames: dict[str, str] | None = None):
+    def __init__(self, config: FaultConfig, seed: int | str, renames: dict[str, str] | None = None,
+                 tools: "ToolSet | None" = None):
         self.config = config
         self.rng = random.Random(f"faults/{seed}")
         self.injected: list[str] = []
         self.no_mutate = {(renames or {}).get(n, n) for n in config.no_mutate}
+        if tools is not None:
+            self.no_mutate |= {name for name, t in tools.tools.items() if t.side_effects}
 
     def _draw(self, call: ToolCall) -> str | None:
         u = self.rng.random()

@@ -2,10 +2,22 @@
 
 A `Tool` has one source of truth for its name, description and JSON schema. `ToolSet` holds every tool
 an environment knows plus the task's allowlist: a call outside the allowlist is never executed.
-Execution never raises: exceptions, timeouts (also for tools that block forever: synchronous tools run
-on daemon worker threads and a hung one is abandoned), unserializable results and huge outputs all
-become a `ToolResult` with a readable observation. Arguments are validated with `jsonschema` and
-nothing is coerced. Not handled here: fault injection (`faults.py`) and the recovery rule (`loop.py`).
+Execution never raises for the tool's own failures: exceptions, timeouts, unserializable results and
+huge outputs all become a `ToolResult` with a readable observation, even a tool's SystemExit (an argparse
+CLI wrapped as a tool exits on bad arguments). The user's Ctrl-C is not the model's business: a
+KeyboardInterrupt, while the harness waits or raised in the tool, propagates and stops the run.
+Arguments are validated with `jsonschema` and nothing is coerced.
+
+Two ways to run a call (`Tool.isolation`):
+- `thread` (the default): on a daemon worker thread. A call that outlives its timeout is abandoned and keeps
+  its thread; at most `MAX_HUNG_PER_TOOL` such calls of one tool (and `MAX_HUNG` in all) may be running,
+  after that the tool is not started again until one finishes (the model is told to use another tool).
+- `process`: in a forked child process that is killed at the timeout, so a hung or crashing tool (even a
+  segfault) costs nothing after its call. The child's changes to Python objects are lost with it: use it
+  for tools whose effects live outside the process (files, databases on disk, network services).
+`Tool.side_effects` declares a tool that changes the world; fault injection then never runs it and
+corrupts its output (which would invite a duplicate write). Not handled here: fault injection
+(`faults.py`) and the recovery rule (`loop.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +28,10 @@ import datetime
 import enum
 import inspect
 import json
+import os
 import queue
 import re
+import sys
 import threading
 import time
 import types
@@ -35,6 +49,9 @@ from agentrig.harness.trajectory import FieldError, ToolCall, ToolResult
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_OUTPUT_CHARS = 4000
+MAX_HUNG_PER_TOOL = 4  # timed-out calls of one tool still running before it is not started again
+MAX_HUNG = 32  # the same, over all tools of the process
+ISOLATIONS = ("thread", "process")
 
 
 class ToolDefinitionError(AgentrigError):
@@ -50,8 +67,15 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., Any]
     timeout_s: float = DEFAULT_TIMEOUT_S
+    side_effects: bool = False  # it changes the world: faults only ever stop it before it runs
+    isolation: str = "thread"  # or "process": a forked child, killed at the timeout (see the module docstring)
 
     def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ToolDefinitionError(f"tool {self.name!r}: isolation must be one of {', '.join(ISOLATIONS)}, "
+                                      f"got {self.isolation!r}")
+        if self.isolation == "process" and not hasattr(os, "fork"):
+            raise ToolDefinitionError(f"tool {self.name!r}: isolation='process' needs os.fork (Linux or macOS)")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}", self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if not self.description.strip():
@@ -72,12 +96,16 @@ class Tool:
         parameters: dict[str, Any],
         fn: Callable[..., Any],
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        side_effects: bool = False,
+        isolation: str = "thread",
     ) -> "Tool":
         """Define a tool from a name, a description, a JSON schema and a callable taking keyword arguments."""
-        return cls(name=name, description=description, parameters=parameters, fn=fn, timeout_s=timeout_s)
+        return cls(name=name, description=description, parameters=parameters, fn=fn, timeout_s=timeout_s,
+                   side_effects=side_effects, isolation=isolation)
 
     @classmethod
-    def from_openai(cls, spec: dict[str, Any], fn: Callable[..., Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> "Tool":
+    def from_openai(cls, spec: dict[str, Any], fn: Callable[..., Any], timeout_s: float = DEFAULT_TIMEOUT_S,
+                    side_effects: bool = False, isolation: str = "thread") -> "Tool":
         """Define a tool from an OpenAI function spec (`{"type": "function", "function": {...}}` or the inner dict)."""
         fn_spec = spec.get("function", spec)
         if "name" not in fn_spec:
@@ -88,6 +116,8 @@ class Tool:
             parameters=fn_spec.get("parameters") or {"type": "object", "properties": {}},
             fn=fn,
             timeout_s=timeout_s,
+            side_effects=side_effects,
+            isolation=isolation,
         )
 
     def spec(self) -> dict[str, Any]:
@@ -120,7 +150,8 @@ class Tool:
         def call(**kwargs: Any) -> Any:
             return original(**{back.get(k, k): v for k, v in kwargs.items()})
 
-        return Tool(name, description or self.description, new_schema, call, self.timeout_s)
+        return Tool(name, description or self.description, new_schema, call, self.timeout_s, self.side_effects,
+                    self.isolation)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -222,12 +253,14 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    side_effects: bool = False, isolation: str = "thread",
 ) -> Any:
     """Decorator: a `Tool` from a typed function whose docstring describes it (Google-style `Args:`).
 
     Every parameter needs a type hint and the function a docstring; otherwise definition fails here,
-    not when the model first calls the tool.
+    not when the model first calls the tool. `side_effects=True` marks a tool that changes the world
+    (faults never corrupt its output after it ran); `isolation="process"` runs each call in a child process.
     """
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -254,7 +287,7 @@ def tool(
         parameters: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
         if required:
             parameters["required"] = required
-        return Tool(name or f.__name__, description, parameters, f, timeout_s)
+        return Tool(name or f.__name__, description, parameters, f, timeout_s, side_effects, isolation)
 
     return build(fn) if fn is not None else build
 
@@ -266,12 +299,14 @@ class _DaemonPool:
     """Daemon worker threads: a tool that never returns keeps its thread, the episode goes on.
 
     (concurrent.futures' pool joins its threads at exit, so one hung tool would hang the process.)
+    It also counts the calls that outlived their timeout and still run, per tool name, to bound them.
     """
 
     def __init__(self) -> None:
         self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
+        self.hung: dict[str, int] = {}
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         fut: Future[Any] = Future()
@@ -292,6 +327,27 @@ class _DaemonPool:
                 fut.set_exception(exc)
             with self._lock:
                 self._idle += 1
+
+    def abandon(self, name: str, fut: Future[Any]) -> None:
+        """Count a call of `name` that outlived its timeout until it finishes."""
+        with self._lock:
+            self.hung[name] = self.hung.get(name, 0) + 1
+
+        def finished(_: Future[Any]) -> None:
+            with self._lock:
+                self.hung[name] -= 1
+                if not self.hung[name]:
+                    del self.hung[name]
+
+        fut.add_done_callback(finished)
+
+    def too_many_hung(self, name: str) -> int:
+        """How many calls of `name` still hang when that is too many to start another (else 0)."""
+        with self._lock:
+            mine = self.hung.get(name, 0)
+            if mine >= MAX_HUNG_PER_TOOL or sum(self.hung.values()) >= MAX_HUNG:
+                return max(mine, 1)
+            return 0
 
 
 _POOL = _DaemonPool()
@@ -373,24 +429,132 @@ class ToolSet:
         return self.tools[name].validate(arguments)
 
     def execute(self, call: ToolCall, timeout_s: float | None = None) -> ToolResult:
-        """Run a permitted, validated call. Never raises; never runs a tool outside the allowlist."""
+        """Run a permitted, validated call. Never raises for the tool's failures (Ctrl-C propagates); never
+        runs a tool outside the allowlist."""
         t = self.tools.get(call.name)
         if t is None or not self.is_allowed(call.name):
             return ToolResult(call.id, call.name, feedback("not_permitted", tool=call.name, available=", ".join(self.allowed)), ok=False, error="not_permitted")
         limit = t.timeout_s if timeout_s is None else timeout_s
+        if t.isolation == "process":
+            return self._execute_in_process(t, call, limit)
+        hung = _POOL.too_many_hung(t.name)
+        if hung:
+            return ToolResult(call.id, call.name, feedback("tool_hung", tool=call.name, count=hung), ok=False,
+                              error="hung")
         start = time.perf_counter()
         fut = _POOL.submit(lambda: _invoke(t.fn, call.arguments))
         try:
             value = fut.result(timeout=limit)
-        except BaseException as exc:  # the tool's own failure (even SystemExit): an observation for the model
+        except BaseException as exc:
             if not fut.done():  # raised here while waiting, not by the tool: our timeout, or Ctrl-C (re-raised)
                 if not isinstance(exc, TimeoutError):
                     raise
+                _POOL.abandon(t.name, fut)
                 return ToolResult(call.id, call.name, feedback("tool_timeout", tool=call.name, seconds=limit),
                                   ok=False, duration_s=time.perf_counter() - start, error="timeout")
-            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return ToolResult(call.id, call.name, feedback("tool_exception", reason=reason[:500]), ok=False,
-                              duration_s=time.perf_counter() - start, error="exception")
+            if isinstance(exc, KeyboardInterrupt):  # the user's Ctrl-C: the run stops, the episode is not the model's
+                raise
+            return self._exception_result(call, exc, time.perf_counter() - start)
         duration = time.perf_counter() - start
         content, cut = truncate(to_observation(value), self.max_output_chars)
         return ToolResult(call.id, call.name, content, ok=True, duration_s=duration, truncated=cut)
+
+    @staticmethod
+    def _exception_result(call: ToolCall, exc: BaseException | str, duration: float) -> ToolResult:
+        """The tool's own failure: an observation for the model."""
+        reason = exc if isinstance(exc, str) else (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return ToolResult(call.id, call.name, feedback("tool_exception", reason=reason[:500]), ok=False,
+                          duration_s=duration, error="exception")
+
+    def _execute_in_process(self, t: Tool, call: ToolCall, limit: float) -> ToolResult:
+        start = time.perf_counter()
+        status, text = run_in_process(t.fn, call.arguments, limit, read_limit=max(65536, 8 * self.max_output_chars))
+        duration = time.perf_counter() - start
+        if status == "ok":
+            content, cut = truncate(text, self.max_output_chars)
+            return ToolResult(call.id, call.name, content, ok=True, duration_s=duration, truncated=cut)
+        if status == "error":
+            if text.startswith("KeyboardInterrupt"):  # Ctrl-C reached the child (the same process group)
+                raise KeyboardInterrupt
+            return self._exception_result(call, text, duration)
+        if status == "timeout":
+            return ToolResult(call.id, call.name, feedback("tool_timeout", tool=call.name, seconds=limit), ok=False,
+                              duration_s=duration, error="timeout")
+        return ToolResult(call.id, call.name, feedback("tool_crashed", tool=call.name, reason=text), ok=False,
+                          duration_s=duration, error="crashed")
+
+
+def run_in_process(fn: Callable[..., Any], arguments: dict[str, Any], timeout_s: float,
+                   read_limit: int = 1 << 20) -> tuple[str, str]:
+    """Call `fn(**arguments)` in a forked child, killed after `timeout_s`: ("ok", observation text),
+    ("error", "Type: message"), ("timeout", "") or ("crashed", how it died).
+
+    The child sends its observation (at most `read_limit` bytes are read; a longer one is cut and the child
+    killed) and exits with `os._exit`, so nothing of the parent's shutdown runs twice. Ctrl-C while waiting
+    kills the child and propagates.
+    """
+    import faulthandler
+    import select
+    import signal
+    import warnings
+
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() in a threaded process: the child only runs fn
+        pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            os.close(read_fd)
+            faulthandler.disable()  # a crash is reported to the model as one line, not as a dump on the terminal
+            try:
+                payload = b"O" + to_observation(_invoke(fn, arguments)).encode("utf-8", errors="replace")
+            except BaseException as exc:  # noqa: BLE001 - everything the tool raised goes back as text
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                payload = b"E" + reason.encode("utf-8", errors="replace")
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(write_fd, view):]
+        except BaseException:  # noqa: BLE001 - the parent sees the broken pipe
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    size = 0
+    deadline = time.monotonic() + timeout_s
+    outcome = ""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                outcome = "timeout"
+                break
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if not ready:
+                continue
+            data = os.read(read_fd, 65536)
+            if not data:
+                break
+            chunks.append(data)
+            size += len(data)
+            if size >= read_limit:
+                outcome = "cut"
+                break
+    finally:
+        os.close(read_fd)
+        if outcome or sys.exc_info()[0] is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _, status = os.waitpid(pid, 0)
+    if outcome == "timeout":
+        return "timeout", ""
+    payload = b"".join(chunks)
+    if outcome != "cut" and (not payload or os.waitstatus_to_exitcode(status) != 0):
+        code = os.waitstatus_to_exitcode(status)
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return "crashed", f"its process died: {how}"
+    text = payload[1:].decode("utf-8", errors="replace")
+    return ("ok" if payload[:1] == b"O" else "error"), text

@@ -25,8 +25,9 @@ FaultKind = Literal["timeout", "no_result", "error_503", "error_429", "permissio
                     "schema_drift"]
 """A fault injected at tool execution (`faults.py`)."""
 ToolErrorKind = Literal["exception", "timeout", "not_permitted", "unknown_tool", "schema", "no_result", "error_503",
-                        "error_429", "permission_denied", "truncated", "malformed"]
-"""Why a tool call failed: the tool raised or timed out, the harness refused it, or a fault (schema_drift never fails)."""
+                        "error_429", "permission_denied", "truncated", "malformed", "hung", "crashed"]
+"""Why a tool call failed: the tool raised, timed out, crashed its process or was not started because earlier
+calls still hang; the harness refused it; or a fault (schema_drift never fails)."""
 Termination = Literal["", "final_answer", "max_steps", "token_budget", "wall_clock", "stuck", "policy_error"]
 """Why an episode ended ("" while it runs)."""
 RepairKind = Literal["json_repair", "literal_eval", "key_alias", "bare_json", "arguments_string", "unclosed_block"]

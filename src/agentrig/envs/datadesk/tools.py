@@ -546,16 +546,20 @@ class DatadeskAPI:
         return self._lookup("ticket_counts", month=month)
 
 
+# Tools with side effects (their definitions say so too): faults never run them and then corrupt the output.
+SIDE_EFFECT_TOOLS = ("send_report",)
+
+
 def _templates() -> dict[str, Tool]:
     api = DatadeskAPI(None)
-    out = {name: tool(getattr(api, name), timeout_s=5.0) for name in ALL_TOOLS}
+    out = {name: tool(getattr(api, name), timeout_s=5.0, side_effects=name in SIDE_EFFECT_TOOLS) for name in ALL_TOOLS}
     for name in ("month",):  # months are strings "YYYY-MM": say so in the schema, the model sees it
         for t in out.values():
             prop = t.parameters["properties"].get(name)
             if prop is not None:
                 prop["pattern"] = _MONTH
     # re-create so the validators see the patched schemas
-    return {n: Tool(t.name, t.description, t.parameters, t.fn, t.timeout_s) for n, t in out.items()}
+    return {n: Tool(t.name, t.description, t.parameters, t.fn, t.timeout_s, t.side_effects) for n, t in out.items()}
 
 
 TEMPLATES: dict[str, Tool] = _templates()
@@ -612,5 +616,3 @@ DRIFT_NAMES = {"total": "total_amount", "on_hand": "qty_on_hand", "rate": "fx_ra
                "rows": "data", "manager_email": "manager_contact", "tickets": "ticket_list", "counts": "by_status",
                "currency": "ccy", "segment": "customer_segment", "sku": "product_code", "tables": "table_names",
                "columns": "fields", "status": "state"}
-# Tools with side effects: faults that need the real output are never applied to them.
-SIDE_EFFECT_TOOLS = ("send_report",)
