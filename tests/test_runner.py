@@ -70,5 +70,7 @@ def test_the_fault_hook_follows_renamed_tools():
     rename = lambda t, tools: apply_rename(t, tools, random.Random(0), env.tool_aliases, env.param_aliases)  # noqa: E731
     opened = runner.open(task, task.id, "k", transform=rename)
     assert opened.task.metadata["rename"]["tools"]  # renamed ...
-    assert set(opened.hook.no_mutate) == {opened.task.metadata["rename"]["tools"].get(n, n)
-                                          for n in env.side_effect_tools}  # ... and the hook knows the new names
+    renamed = opened.task.metadata["rename"]["tools"]
+    declared = {n for n, t in opened.tools.tools.items() if t.side_effects}  # @tool(side_effects=True), renamed
+    assert declared == {renamed.get(n, n) for n in ("add_to_cart", "checkout")}
+    assert set(opened.hook.no_mutate) == declared  # ... and the hook knows the new names
