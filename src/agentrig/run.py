@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from agentrig.config import add_flags, from_args, load_saved, opt, save_config
 from agentrig.errors import ConfigError
+from agentrig.jsonl import check_output_folder
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,6 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     from agentrig.harness import HarnessConfig
     from agentrig.harness.trajectory import write_episodes
     from agentrig.policies.loader import PolicySpec, load_policy
-    from rich.console import Console
 
     policy = load_policy(PolicySpec(cfg.model, adapters=adapters, max_new_tokens=prof.eval_max_new_tokens, seed=cfg.seed))
     out = root / folder
@@ -192,7 +192,7 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
         configs[name] = EvalConfig(env=cfg.env, splits=splits or EVAL_SPLITS,
                                    limit=(limits or {}).get(name, prof.eval_limit), faults=prof.eval_faults,
                                    seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
-        evals[name] = res = run_eval_with_progress(policy, configs[name], name, Console())
+        evals[name] = res = run_eval_with_progress(policy, configs[name], name)
         write_episodes(out / episodes_file(name), res.episodes)
         results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
                          "episodes_file": str(out / episodes_file(name))}
@@ -289,6 +289,7 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
     prof = PROFILES[cfg.profile]
     root = Path(cfg.out)
+    check_output_folder(root, "--out")
     root.mkdir(parents=True, exist_ok=True)
     saved = root / "run_config.json"
     if saved.exists():

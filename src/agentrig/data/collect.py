@@ -32,6 +32,7 @@ from agentrig.data.augment import Augment, apply_rename, flatten_weights, paraph
 from agentrig.errors import ConfigError
 from agentrig.harness.faults import FaultConfig
 from agentrig.harness.protocol import TOOL_LISTINGS
+from agentrig.jsonl import check_output_file
 
 # Fields that hold measured times; everything else in a line is a function of the settings and index.
 TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
@@ -279,6 +280,11 @@ def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
     `progress` shows the live bar; `summary` prints the tables at the end (default: as `progress`).
     """
     out = Path(cfg.out)
+    check_output_file(out, "episodes", "--out")  # never truncate a folder, a samples file or a dataset
+    if cfg.teacher == "model" and cfg.adapter:
+        from agentrig.train.export import read_adapter_config
+
+        read_adapter_config(cfg.adapter)  # before the output file is started
     out.parent.mkdir(parents=True, exist_ok=True)
     if resume and out.exists():
         _check_meta(cfg, out)
@@ -322,29 +328,24 @@ class _LiveCounts:
 
 
 class _progress:
-    """A rich progress bar with live counts (a no-op when disabled)."""
+    """Collection progress with live counts (`agentrig.progress`; a no-op when disabled)."""
 
     def __init__(self, enabled: bool, total: int, done: int):
-        self.enabled, self.total, self.done = enabled, total, done
+        from agentrig.progress import progress
+
+        self.cm = progress("collect", total, done, enabled=enabled, fields=lambda f: f.get("counts", ""))
 
     def __enter__(self) -> "_progress":
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.p = Progress(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                              TextColumn("{task.fields[counts]}"))
-            self.p.__enter__()
-            self.t = self.p.add_task("collect", total=self.total, completed=self.done, counts="")
+        self.bar = self.cm.__enter__()
         return self
 
     def update(self, live: _LiveCounts) -> None:
-        if self.enabled:
-            self.p.update(self.t, advance=1, counts=f"ok {live.successes}  faults {live.faults}  "
-                                                    f"recovered {live.recovered}")
+        if self.bar is not None:
+            self.bar.update(advance=1, counts=f"ok {live.successes}  faults {live.faults}  "
+                                              f"recovered {live.recovered}")
 
     def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
-            self.p.__exit__(*exc)
+        self.cm.__exit__(*exc)
 
 
 def summarize(out: Path, written: int, seconds: float) -> CollectSummary:

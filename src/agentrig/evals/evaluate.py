@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 from agentrig.config import add_flags, comma_list, from_args, opt
 from agentrig.errors import ConfigError
+from agentrig.jsonl import check_output_folder
 from agentrig.harness import HarnessConfig
 from agentrig.evals.metrics import MetricSet, compute_metrics
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
@@ -191,9 +191,7 @@ def main(args: argparse.Namespace) -> int:
     console = Console(stderr=False)
     adapters = parse_pairs(args.adapter, "--adapter")
     route = parse_pairs(args.route, "--route")
-    for name, folder in adapters.items():
-        if not Path(folder).is_dir():
-            raise ConfigError(f"--adapter {name}={folder}: no such folder")
+    check_output_folder(args.out, "--out")
     harness = from_args(HarnessConfig, args)
     config = from_args(EvalConfig, args, harness=harness)
     if args.trials > 1 and args.temperature == 0:
@@ -229,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
     for name, rule in variants.items():
         if rule is not None:
             policy.use(rule)
-        results[name] = run_eval_with_progress(policy, config, name, console, env=env)
+        results[name] = run_eval_with_progress(policy, config, name, env=env)
         write_episodes(out / episodes_file(name), results[name].episodes)
 
     metric_sets = {name: r.metrics for name, r in results.items()}
@@ -280,18 +278,24 @@ def episodes_file(name: str) -> str:
     return f"episodes_{_safe(name)}.jsonl"
 
 
-def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, console: Any, env: Any = None) -> EvalResult:
-    """`run_eval` with a progress bar named `name` on `console` (the bar vanishes when stdout is not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, env: Any = None) -> EvalResult:
+    """`run_eval` with progress named `name` on stderr: a bar on a terminal (removed when done), else a line
+    every `AGENTRIG_PROGRESS_INTERVAL` seconds with the completions so far (`agentrig.progress`)."""
     from agentrig.envs import load_env
+    from agentrig.progress import progress
 
     env = env if env is not None else load_env(config.env)
     total = len(_jobs(env, config))
-    with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=not sys.stdout.isatty()) as progress:
-        bar = progress.add_task(name, total=total)
-        return run_eval(policy, config, env=env, on_episode=lambda ep: progress.advance(bar))
+    done = {"ok": 0}
+
+    def on_episode(ep: Any) -> None:
+        done["ok"] += bool(ep.success)
+        bar.update(advance=1, ok=done["ok"])
+
+    with progress(f"eval {name}", total, transient=True,
+                  fields=lambda f: f"{f['ok']} completed" if "ok" in f else "") as bar:
+        assert bar is not None
+        return run_eval(policy, config, env=env, on_episode=on_episode)
 
 
 def _safe(name: str) -> str:

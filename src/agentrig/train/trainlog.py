@@ -1,7 +1,8 @@
 """What a training run shows and leaves behind: a progress bar, token counts, the loss curve.
 
 `TokenMeter` is filled by the trainers' `compute_loss` (tokens and supervised tokens actually run);
-`ProgressCallback` draws a rich progress bar with loss, tokens/s and ETA on the main process;
+`ProgressCallback` shows progress with loss, tokens/s and ETA on the main process (a bar on a terminal, a
+line at a steady interval in a log: `agentrig.progress`);
 `save_loss_curve` writes the `Trainer` log history as `loss_curve.json` and `loss_curve.png`. The log
 history is part of every checkpoint, so a resumed run's curve covers the whole run.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,31 +42,25 @@ class TokenMeter:
 
 
 class ProgressCallback(TrainerCallback):
-    """A rich progress bar: step, loss, tokens/s, supervised tokens/s, ETA (main process only)."""
+    """Progress of training (`agentrig.progress`: a bar on a terminal, else a line at a steady interval):
+    step, loss, tokens/s, supervised tokens/s, ETA (main process only)."""
 
     def __init__(self, meter: TokenMeter, description: str) -> None:
         self.meter = meter
         self.description = description
-        self.progress: Any = None
-        self.task: Any = None
+        self.stack: ExitStack | None = None
+        self.bar: Any = None
         self.loss = float("nan")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Start the bar at the (possibly resumed) global step."""
+        """Start at the (possibly resumed) global step."""
         if not state.is_world_process_zero:
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from agentrig.progress import progress
 
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[tps]:.0f} tok/s"),
-            TextColumn("({task.fields[sps]:.0f} supervised)"), TextColumn("ETA"), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False,
-        )
-        self.progress.start()
-        self.task = self.progress.add_task(self.description, total=state.max_steps, completed=state.global_step,
-                                           loss=self.loss, tps=0.0, sps=0.0)
+        self.stack = ExitStack()
+        self.bar = self.stack.enter_context(progress(self.description, state.max_steps, state.global_step,
+                                                     fields=_train_fields))
         self.meter.started = time.perf_counter()
         self.meter.tokens = self.meter.supervised_tokens = 0
 
@@ -75,30 +70,34 @@ class ProgressCallback(TrainerCallback):
             self.loss = float(logs["loss"])
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Advance the bar after each optimizer step."""
-        if self.progress is None:
+        """Advance after each optimizer step."""
+        if self.bar is None:
             return
         tps, sps = self.meter.rates()
-        self.progress.update(self.task, completed=state.global_step, loss=self.loss, tps=tps, sps=sps)
+        self.bar.update(completed=state.global_step, loss=self.loss, tps=tps, sps=sps)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Draw the final state and release the terminal."""
-        if self.progress is not None:
+        """Show the final state and release the terminal."""
+        if self.bar is not None and self.stack is not None:
             self.on_step_end(args, state, control)
-            self.progress.stop()
-            self.progress = None
+            self.stack.close()
+            self.bar = self.stack = None
+
+
+def _train_fields(f: dict[str, Any]) -> str:
+    if "tps" not in f:
+        return ""
+    return f"loss {f['loss']:.4f}, {f['tps']:.0f} tok/s ({f['sps']:.0f} supervised)"
 
 
 @contextmanager
 def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar with ETA on stderr for work outside `Trainer` (DPO's reference pass); yields `advance(n)`."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    """Progress on stderr for work outside `Trainer` (DPO's reference pass); yields `advance(n)`."""
+    from agentrig.progress import progress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
-                  TimeRemainingColumn(), console=Console(stderr=True)) as progress:
-        task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
+    with progress(description, total) as bar:
+        assert bar is not None
+        yield lambda n: bar.update(advance=n)
 
 
 def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:

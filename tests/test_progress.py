@@ -1,0 +1,55 @@
+"""Progress off a terminal: long stages print a plain line at a steady interval and one at the end (issue 17)."""
+
+from __future__ import annotations
+
+import io
+import re
+from types import SimpleNamespace
+
+from agentrig.cli import main
+from agentrig.progress import progress
+from agentrig.train.trainlog import ProgressCallback, TokenMeter
+
+
+def test_a_log_gets_a_line_per_interval_and_the_final_state():
+    out = io.StringIO()
+    with progress("stage", 4, fields=lambda f: f"loss {f['loss']:.2f}" if f else "", stream=out,
+                  interval_s=0) as bar:
+        for i in range(4):
+            bar.update(advance=1, loss=1.0 / (i + 1))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4  # steps 1-3 when due (every update at interval 0) and the final line; no bar codes
+    assert lines[0].startswith("stage: 1/4 (25%), ") and "ETA" in lines[0] and lines[0].endswith("loss 1.00")
+    assert re.fullmatch(r"stage: 4/4 \(100%\), \d+s elapsed, loss 0\.25", lines[-1])
+    quiet = io.StringIO()
+    with progress("stage", 100, stream=quiet, interval_s=3600) as bar:
+        for _ in range(100):
+            bar.update(advance=1)
+    assert quiet.getvalue().count("\n") == 1  # the interval holds back all but the final line
+    with progress("off", 3, enabled=False) as none:
+        assert none is None
+
+
+def test_training_progress_prints_lines_when_not_on_a_terminal(capsys, monkeypatch):
+    monkeypatch.setenv("AGENTRIG_PROGRESS_INTERVAL", "0")
+    cb = ProgressCallback(TokenMeter(), "sft tiny")
+    state = SimpleNamespace(is_world_process_zero=True, max_steps=3, global_step=0)
+    cb.on_train_begin(None, state, None)
+    for step in (1, 2, 3):
+        state.global_step = step
+        cb.meter.add(100, 40)
+        cb.on_log(None, state, None, logs={"loss": 2.0 / step})
+        cb.on_step_end(None, state, None)
+    cb.on_train_end(None, state, None)
+    err = capsys.readouterr().err
+    assert "sft tiny: 1/3 (33%)" in err and "loss 2.0000" in err and "tok/s" in err
+    assert err.rstrip().splitlines()[-1].startswith("sft tiny: 3/3 (100%)")
+
+
+def test_agentrig_eval_to_a_log_shows_progress_lines(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AGENTRIG_PROGRESS_INTERVAL", "0")
+    rc = main(["eval", "--policy", "expert", "--split", "test", "--limit", "3", "--faults", "0", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "eval expert: 1/3 (33%)" in err and "1 completed" in err
+    assert "eval expert: 3/3 (100%)" in err and "3 completed" in err
