@@ -1,6 +1,6 @@
 """Checkpoints and --resume: an interrupted run ends where an uninterrupted one does.
 
-One test interrupts in-process (a callback stops after a checkpoint), one SIGKILLs a real
+One test interrupts in-process (a callback stops after a checkpoint), for SFT and for DPO; one SIGKILLs a real
 `python -m agentrig train` process after a checkpoint and resumes it from the command line, and one runs
 the `accelerate launch` path with a single CPU process.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_train import synthetic_samples, tiny_config, tiny_model_dir, write_jsonl  # noqa: F401 (fixture)
+from test_train_dpo import sft_adapter, synthetic_pairs  # noqa: F401 (fixture)
 
 
 def _adapter_tensors(folder: str | Path) -> dict:
@@ -59,6 +60,48 @@ def test_resumed_run_matches_uninterrupted(tmp_path, tiny_model_dir):
     assert [h["step"] for h in resumed.loss_history] == list(range(1, 9))  # the curve covers the whole run
     for a, b in zip(full.loss_history, resumed.loss_history):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    _assert_same_adapter(full.adapter_dir, resumed.adapter_dir)
+
+
+def test_resumed_dpo_run_matches_uninterrupted(tmp_path, tiny_model_dir, sft_adapter):
+    """DPO with --resume: the same pairs, the same reference log-probs (the SFT adapter's, not the
+    checkpoint's), the same losses and the same adapter as a run that was never stopped."""
+    import json
+
+    from transformers import TrainerCallback
+
+    from agentrig.train.train import last_complete_checkpoint, run_train
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", synthetic_pairs(16, seed=3))
+
+    def config(out):  # 6 steps of 2: 12 of the 16 pairs, a seeded sample the resumed run must draw again
+        return tiny_config(tiny_model_dir, data, tmp_path / out, stage="dpo", adapter_name_or_path=str(sft_adapter),
+                           max_steps=6, save_steps=3, learning_rate=1e-2, pref_beta=0.5, pref_ftx=1.0,
+                           lr_scheduler_type="cosine")
+
+    full = run_train(config("full"))
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                control.should_training_stop = True
+
+    first = run_train(config("cut"), callbacks=[StopAt()])
+    assert first.global_step == 3
+    assert last_complete_checkpoint(tmp_path / "cut" / "checkpoints").name == "checkpoint-3"
+    resumed = run_train(config("cut"), resume=True)
+
+    assert resumed.global_step == 6 and resumed.stats["pairs"] == 12
+    references = [(tmp_path / out / "reference_logps.jsonl").read_text().splitlines() for out in ("full", "cut")]
+    assert len(references[0]) == 12
+    for a, b in zip(*references, strict=True):
+        a, b = json.loads(a), json.loads(b)
+        assert a["pair_id"] == b["pair_id"]
+        assert (a["chosen"], a["rejected"]) == pytest.approx((b["chosen"], b["rejected"]), rel=1e-5)
+    assert [h["step"] for h in resumed.loss_history] == list(range(1, 7))
+    for a, b in zip(full.loss_history, resumed.loss_history, strict=True):
+        for key in ("loss", "margin", "chosen_nll"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     _assert_same_adapter(full.adapter_dir, resumed.adapter_dir)
 
 
