@@ -6,6 +6,8 @@ import io
 import re
 from types import SimpleNamespace
 
+from test_train import synthetic_samples, tiny_config, tiny_model_dir, write_jsonl  # noqa: F401 (fixture)
+
 from agentrig.cli import main
 from agentrig.progress import progress
 from agentrig.train.trainlog import ProgressCallback, TokenMeter
@@ -53,3 +55,19 @@ def test_agentrig_eval_to_a_log_shows_progress_lines(tmp_path, capsys, monkeypat
     assert rc == 0, err
     assert "eval expert: 1/3 (33%)" in err and "1 completed" in err
     assert "eval expert: 3/3 (100%)" in err and "3 completed" in err
+
+
+def test_a_real_training_run_logs_progress_and_no_library_noise(tmp_path, tiny_model_dir, capfd, monkeypatch):
+    import warnings
+
+    from agentrig.train.train import run_train
+
+    monkeypatch.setenv("AGENTRIG_PROGRESS_INTERVAL", "0")
+    data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_train(tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=3, save_steps=3))
+    err = capfd.readouterr().err
+    assert re.search(r": 1/3 \(33%\), .*loss", err) and re.search(r": 3/3 \(100%\)", err), err
+    assert "is_gradient_checkpointing" not in err
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

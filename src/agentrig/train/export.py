@@ -13,13 +13,13 @@ own template when it renders tools, else `templates/hermes_chatml.v1.jinja`), so
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from agentrig.errors import ConfigError
+from agentrig.jsonl import expect_kind, read_json
 
 # vLLM accepts these --max-lora-rank values (vllm/config/lora.py, MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -55,13 +55,21 @@ class VllmCheck:
         return "vLLM cannot load this adapter:\n" + "\n".join(f"  - {p}" for p in self.problems)
 
 
+def read_adapter_config(adapter_dir: str | Path, flag: str = "--adapter") -> dict:
+    """`adapter_config.json` of a LoRA adapter folder; a DataError naming the path when it is not one.
+
+    Every command that takes an adapter (export, eval, chat, serve, collect) calls this before loading the
+    model, so a wrong folder, a file, or a damaged config fails at once.
+    """
+    adapter_dir = Path(adapter_dir)
+    expect_kind(adapter_dir, ("adapter",), flag)
+    return read_json(adapter_dir / "adapter_config.json", "`agentrig train`")
+
+
 def check_vllm_adapter(adapter_dir: str | Path, base_model: str | None = None) -> VllmCheck:
     """Read `adapter_config.json` and check it against vLLM's LoRA loader rules."""
     adapter_dir = Path(adapter_dir)
-    config_path = adapter_dir / "adapter_config.json"
-    if not config_path.is_file():
-        raise ConfigError(f"{adapter_dir} is not a PEFT adapter folder (no adapter_config.json)")
-    cfg = json.loads(config_path.read_text())
+    cfg = read_adapter_config(adapter_dir)
     problems = []
     if cfg.get("peft_type", "LORA") != "LORA":
         problems.append(f"peft_type is {cfg.get('peft_type')!r}; vLLM serves LoRA adapters only")
@@ -97,14 +105,15 @@ def export_merged(adapter_dir: str | Path, out_dir: str | Path, base_model: str 
     import torch
     from peft import PeftModel
 
-    from agentrig.models import load_model, load_tokenizer
+    from agentrig.models import load_model, load_tokenizer, quiet_loading
     from agentrig.data.render import Renderer
 
     check = check_vllm_adapter(adapter_dir, base_model)
     if not check.base_model:
         raise ConfigError(f"{adapter_dir}: cannot tell the base model; pass --base-model")
     base = load_model(check.base_model, dtype="float32")
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    with quiet_loading():
+        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         merged = merged.to(torch.bfloat16)
     tokenizer = load_tokenizer(check.base_model)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrig.errors import ConfigError, DataError
+from agentrig.jsonl import expect_kind
 from agentrig.train.packing import TokenizedSample
 from agentrig.train.trainconfig import TrainConfig, load_config
 
@@ -52,28 +53,30 @@ class TrainResult:
 
 # -- data -----------------------------------------------------------------------------------------
 
-def resolve_dataset(dataset: str) -> tuple[str, Path]:
-    """Classify `dataset`: ("tokenized", path), ("pairs", path) or ("episodes", path)."""
+def _dataset_path(dataset: str) -> Path:
     path = Path(dataset)
-    if path.is_dir():
-        if (path / "tokenized.jsonl").is_file():
-            return "tokenized", path / "tokenized.jsonl"
-        if (path / "pairs.jsonl").is_file():
-            return "pairs", path / "pairs.jsonl"
-        raise ConfigError(f"dataset folder {dataset!r} has no tokenized.jsonl: build it with `agentrig data build`")
-    if not path.is_file():
-        raise ConfigError(f"dataset {dataset!r} does not exist")
-    with path.open() as fh:
-        first = next((line for line in fh if line.strip()), "")
-    try:
-        row = json.loads(first) if first else {}
-    except json.JSONDecodeError:
-        raise DataError(f"{path}:1: not valid JSON") from None
-    if "input_ids" in row:
-        return "tokenized", path
-    if "chosen" in row or "chosen_ids" in row:
-        return "pairs", path
-    return "episodes", path
+    if path.is_dir() and (path / "pairs.jsonl").is_file() and not (path / "tokenized.jsonl").is_file():
+        return path / "pairs.jsonl"  # a folder of pairs means its pairs.jsonl
+    return path
+
+
+def check_dataset(config: TrainConfig) -> tuple[str, Path]:
+    """The dataset's kind and file, refused before anything loads when the stage cannot train on it.
+
+    SFT: ("tokenized", file) for a `data build` folder or its tokenized.jsonl, ("episodes", file) for
+    episodes or canonical samples (built on the fly). DPO: ("pairs", file), after checking the SFT adapter.
+    """
+    path = _dataset_path(config.dataset)
+    if config.stage == "dpo":
+        if not config.adapter_name_or_path:
+            raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
+        if not (Path(config.adapter_name_or_path) / "adapter_config.json").is_file():
+            raise ConfigError(f"adapter_name_or_path {config.adapter_name_or_path!r} is not a PEFT adapter folder")
+        return expect_kind(path, ("pairs",), "stage dpo dataset:"), path
+    kind = expect_kind(path, ("build", "tokenized", "episodes", "samples"), "dataset:")
+    if kind == "build":
+        return "tokenized", path / "tokenized.jsonl"
+    return ("tokenized", path) if kind == "tokenized" else ("episodes", path)
 
 
 def load_tokenized(path: str | Path) -> list[TokenizedSample]:
@@ -93,11 +96,9 @@ def load_tokenized(path: str | Path) -> list[TokenizedSample]:
 
 
 def _setup_sft_data(config: TrainConfig) -> list[TokenizedSample]:
-    kind, path = resolve_dataset(config.dataset)
+    kind, path = check_dataset(config)
     if kind == "tokenized":
         return load_tokenized(path)
-    if kind == "pairs":
-        raise ConfigError(f"{path} holds preference pairs: use `stage: dpo` with `adapter_name_or_path`")
     # An episodes file: build it on the fly with the data pipeline, beside the run, for this model.
     from agentrig.data.databuild import build_dataset
 
@@ -222,10 +223,13 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     per_sample_attention = model.config._attn_implementation == PACKED_ATTENTION
     args = SFTConfig(**_training_kwargs(config, checkpoints), dataset_kwargs={"skip_prepare_dataset": True},
                      packing=False, padding_free=False, max_length=None)
-    trainer = _sft_trainer_class()(
-        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
-        peft_config=_lora_config(config), meter=meter)
+    from agentrig.models import quiet_loading
+
+    with quiet_loading():  # TRL wraps the model in PEFT here: no deprecation noise from that
+        trainer = _sft_trainer_class()(
+            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+            data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
+            peft_config=_lora_config(config), meter=meter)
     return trainer, stats
 
 
@@ -238,17 +242,14 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from agentrig.train.dpo import PairCollator, compute_logps, dpo_trainer_class, load_pairs
     from agentrig.train.trainlog import progress_bar
 
-    if not config.adapter_name_or_path:
-        raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
-    if not (Path(config.adapter_name_or_path) / "adapter_config.json").is_file():
-        raise ConfigError(f"adapter_name_or_path {config.adapter_name_or_path!r} is not a PEFT adapter folder")
-    kind, path = resolve_dataset(config.dataset)
-    if kind != "pairs":
-        raise ConfigError(f"stage dpo needs preference pairs; {path} looks like {kind} data")
+    _, path = check_dataset(config)
     pairs = load_pairs(path, tokenizer)
     available = len(pairs)
     pairs = pairs_for_run(pairs, config)
-    model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
+    from agentrig.models import quiet_loading
+
+    with quiet_loading():
+        model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
     _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs), model, config.dataset)
     # The reference: the SFT adapter exactly as loaded, before any update (a frozen copy by construction).
     with progress_bar(f"dpo reference log-probs of {len(pairs)} pairs", len(pairs)) as advance:
@@ -316,6 +317,7 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
     there is none). Without it, an `output_dir` holding checkpoints is an error, so a finished run is never
     silently overwritten. `callbacks` are extra `transformers.TrainerCallback`s.
     """
+    check_dataset(config)  # a wrong file fails here, before torch, the tokenizer or the model load
     import transformers
     from transformers import PrinterCallback
 
