@@ -104,6 +104,45 @@ def test_a_turn_too_long_for_the_limit_fails_naming_the_sample(tmp_path, rendere
         build(tmp_path, renderer, [long_episode()], max_seq_length=600)
 
 
+def _drops_text_of_earlier_parallel_turns(template: str) -> str:
+    """A template like those that drop reasoning from earlier turns: an assistant turn with several calls
+    loses its text once a later message follows, so the turn the policy generated is not what later prompts
+    show."""
+    line = "{%- set content = message['content'] if message['content'] is not none else '' -%}"
+    assert template.count(line) == 1
+    return template.replace(line, line + "{%- if message['role'] == 'assistant' and not loop.last and "
+                            "message['tool_calls'] and message['tool_calls'] | length > 1 -%}"
+                            "{%- set content = '' -%}{%- endif -%}")
+
+
+@pytest.mark.parametrize("how, why", [
+    ("template", r"message 5: the inference prompt differs from the training tokens at token \d+"),
+    ("policy_message", "the tokens of step 0 differ from what the policy generates"),
+], ids=["template", "policy_message"])
+def test_a_turn_that_renders_differently_fails_naming_the_sample(tmp_path, smol_tokenizer, monkeypatch, how, why):
+    """Only the parallel episode's first turn renders differently: the build stops naming that sample, writes nothing."""
+    import agentrig.harness.transcript as transcript
+    from agentrig.data.databuild import BuildCheckError
+
+    renderer = Renderer(smol_tokenizer)
+    if how == "template":
+        renderer = Renderer(smol_tokenizer, chat_template=_drops_text_of_earlier_parallel_turns(renderer.chat_template))
+    else:  # the step's message, as the policy wrote it, is not the one the transcript recorded (calls reordered)
+        real = transcript.assistant_message
+
+        def assistant_message(step, protocol="hermes"):
+            message = real(step, protocol)
+            if len(message.get("tool_calls", [])) > 1:
+                message["tool_calls"] = message["tool_calls"][::-1]
+            return message
+
+        monkeypatch.setattr(transcript, "assistant_message", assistant_message)
+    episodes = [success_episode(), recovered_episode(), parallel_episode(), detour_episode()]
+    with pytest.raises(BuildCheckError, match=f"^sample {parallel_episode().episode_id}: {why}"):
+        build(tmp_path, renderer, episodes)
+    assert not (tmp_path / "out" / "tokenized.jsonl").exists()
+
+
 @pytest.mark.parametrize("line, why", [
     ("{not json", "Expecting property name"),
     (json.dumps({"schema_version": 99}), "unknown episode schema version 99"),
