@@ -34,6 +34,36 @@ def test_vllm_check_rounds_rank_up_and_prints_the_command(tmp_path):
         f"vllm serve base --enable-lora --lora-modules agent={tmp_path / 'a'} --max-lora-rank 32")
 
 
+def test_vllm_check_refuses_an_adapter_that_states_no_rank(tmp_path):
+    folder = _adapter_config(tmp_path / "a")
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    del cfg["r"]
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    check = check_vllm_adapter(folder)
+    assert not check.ok and check.problems == ["adapter_config.json states no rank `r`"]
+    assert not check_vllm_adapter(_adapter_config(tmp_path / "b", r=0)).ok
+
+
+def test_vllm_check_sizes_max_lora_rank_for_the_largest_rank_pattern_entry(tmp_path):
+    """A `rank_pattern` rank above `r` is the one vLLM must hold: 48 needs --max-lora-rank 64, not r's 8."""
+    check = check_vllm_adapter(_adapter_config(tmp_path / "a", r=8, rank_pattern={"q_proj": 48, "v_proj": 16}))
+    assert check.ok and (check.rank, check.max_lora_rank) == (48, 64)
+    assert check.serve_command().endswith("--max-lora-rank 64")
+    below = check_vllm_adapter(_adapter_config(tmp_path / "b", r=32, rank_pattern={"q_proj": 4}))
+    assert (below.rank, below.max_lora_rank) == (32, 32)
+
+
+@pytest.mark.parametrize("r, ok, max_lora_rank", [(512, True, 512), (513, False, 513), (1024, False, 1024)])
+def test_vllm_check_refuses_a_rank_above_the_largest_max_lora_rank(tmp_path, r, ok, max_lora_rank):
+    check = check_vllm_adapter(_adapter_config(tmp_path / "a", r=r))
+    assert (check.ok, check.max_lora_rank) == (ok, max_lora_rank)
+    if not ok:
+        assert check.problems == [f"rank {r} exceeds vLLM's largest --max-lora-rank 512"]
+        assert "vLLM cannot load this adapter" in check.report()
+    pattern = check_vllm_adapter(_adapter_config(tmp_path / "b", r=16, rank_pattern={"o_proj": r}))
+    assert pattern.ok == ok  # the same limit, reached through rank_pattern
+
+
 def test_merged_export_loads_and_matches_base_plus_adapter(tmp_path, tiny_model_dir):
     import torch
     from peft import PeftModel
