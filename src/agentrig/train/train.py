@@ -223,13 +223,10 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     per_sample_attention = model.config._attn_implementation == PACKED_ATTENTION
     args = SFTConfig(**_training_kwargs(config, checkpoints), dataset_kwargs={"skip_prepare_dataset": True},
                      packing=False, padding_free=False, max_length=None)
-    from agentrig.models import quiet_loading
-
-    with quiet_loading():  # TRL wraps the model in PEFT here: no deprecation noise from that
-        trainer = _sft_trainer_class()(
-            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-            data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
-            peft_config=_lora_config(config), meter=meter)
+    trainer = _sft_trainer_class()(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
+        peft_config=_lora_config(config), meter=meter)
     return trainer, stats
 
 
@@ -248,7 +245,7 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     pairs = pairs_for_run(pairs, config)
     from agentrig.models import quiet_loading
 
-    with quiet_loading():
+    with quiet_loading():  # PEFT's is_gradient_checkpointing deprecation on every adapter load
         model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
     _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs), model, config.dataset)
     # The reference: the SFT adapter exactly as loaded, before any update (a frozen copy by construction).
