@@ -12,6 +12,7 @@ from agentrig.bfcl.bench import BenchConfig, run_bfcl
 from agentrig.bfcl.checker import reference_calls
 from agentrig.bfcl.multi_turn import BackendSession, parse_call
 from agentrig.bfcl.report import PUBLISHED_LABEL, wilson_interval
+from agentrig.harness import ScriptedPolicy
 from agentrig.harness.protocol import get_protocol
 from agentrig.harness.trajectory import ToolCall
 
@@ -75,6 +76,40 @@ def test_multi_turn_context_carries_earlier_turns(sample, tmp_path):
 def test_a_policy_that_never_calls_passes_only_irrelevance(sample, tmp_path):
     result = run_bfcl(BenchConfig(model="silent", out=tmp_path, limit=LIMIT), lambda request: "I cannot help.", sample)
     assert {s.category: s.correct for s in result.scores} == {c: (LIMIT if c == "irrelevance" else 0) for c in data.CATEGORIES}
+
+
+def test_parallel_calls_in_one_turn_or_one_per_step_are_scored_whole(sample, tmp_path):
+    """The scripted policy answers parallel entries with every call in one turn (several <tool_call> blocks),
+    with one call per step (as the local policy tends to), or one call short; the scores follow."""
+    categories = ["parallel", "parallel_multiple"]
+    modes = ["one_turn", "one_per_step", "one_short"]
+    entries = {c: sample[c] for c in categories}
+    script, mode_of, expected = {}, {}, {}
+    for i, entry in enumerate(e for c in categories for e in entries[c]):
+        calls = reference_calls(entry.functions, entry.answer)
+        assert len(calls) >= 2, entry.id
+        mode_of[entry.id] = mode = modes[i % len(modes)]
+        steps = {"one_turn": [calls], "one_per_step": [[c] for c in calls], "one_short": [calls[:-1]]}[mode]
+        script[entry.id] = [HERMES.format_calls(step) for step in steps] + ["Done."]
+        expected[entry.id] = [[{"name": c.name, "arguments": c.arguments} for c in step] for step in steps]
+    result = run_bfcl(BenchConfig(model="scripted", out=tmp_path, categories=categories), ScriptedPolicy(script),
+                      entries)
+
+    for outcome in result.outcomes:
+        mode = mode_of[outcome.id]
+        assert outcome.calls == [expected[outcome.id]], outcome.id  # one turn; its steps as the policy wrote them
+        (episode,) = outcome.episodes
+        assert [len(s.calls) for s in episode.steps] == [len(step) for step in expected[outcome.id]] + [0]
+        assert [len(s.results) for s in episode.steps[:-1]] == [len(step) for step in expected[outcome.id]]
+        if mode == "one_short":
+            assert (outcome.valid, outcome.error_type) == (False, "wrong_count"), outcome.id
+        else:
+            assert outcome.valid, (outcome.id, outcome.error)
+    results = json.loads((tmp_path / "results.json").read_text())
+    for category in categories:
+        n_valid = sum(mode_of[e.id] != "one_short" for e in entries[category])
+        assert results["categories"][category]["accuracy"] == pytest.approx(n_valid / len(entries[category]))
+    assert {m for m in mode_of.values()} == set(modes)
 
 
 def test_wilson_interval():
