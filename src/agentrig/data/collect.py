@@ -32,7 +32,7 @@ from agentrig.data.augment import Augment, apply_rename, flatten_weights, paraph
 from agentrig.errors import ConfigError
 from agentrig.harness.faults import FaultConfig
 from agentrig.harness.protocol import TOOL_LISTINGS
-from agentrig.jsonl import check_output_file
+from agentrig.jsonl import check_output_file, read_adapter_config
 
 # Fields that hold measured times; everything else in a line is a function of the settings and index.
 TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
@@ -282,8 +282,6 @@ def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
     out = Path(cfg.out)
     check_output_file(out, "episodes", "--out")  # never truncate a folder, a samples file or a dataset
     if cfg.teacher == "model" and cfg.adapter:
-        from agentrig.train.export import read_adapter_config
-
         read_adapter_config(cfg.adapter)  # before the output file is started
     out.parent.mkdir(parents=True, exist_ok=True)
     if resume and out.exists():

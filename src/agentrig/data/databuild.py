@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from agentrig.errors import AgentrigError, DataError
+from agentrig.jsonl import cut_off, describe, expect_kind, record_kind
 from agentrig.data.render import IGNORE_INDEX, RenderedSample, Renderer, RenderError
 from agentrig.data.samples import (
+    SAMPLE_SCHEMA_VERSION,
     Sample,
     episode_samples,
     keep_reason,
@@ -38,10 +40,11 @@ from agentrig.data.samples import (
     step_starts,
     window_episode,
 )
-from agentrig.harness.trajectory import Episode, RecordError
+from agentrig.harness.trajectory import SCHEMA_VERSION, Episode, RecordError
 
 log = logging.getLogger(__name__)
 MAX_LISTED_SKIPS = 50
+SCHEMA_VERSIONS = {"episodes": SCHEMA_VERSION, "samples": SAMPLE_SCHEMA_VERSION}  # what `expect_kind` checks
 
 
 class BuildCheckError(AgentrigError):
@@ -98,7 +101,7 @@ def read_records(paths: list[Path], skip_bad: bool, report: BuildReport) -> Iter
                 try:
                     yield parse_record(raw)
                 except ValueError as exc:  # RecordError, JSONDecodeError and UnicodeDecodeError are ValueErrors
-                    where = f"{path}:{lineno}: {exc}"
+                    where = f"{path}:{lineno}: {exc}{cut_off(raw)}"
                     if not skip_bad:
                         raise DataError(f"{where} (use --skip-bad to skip and count bad lines)") from None
                     report.lines_skipped += 1
@@ -111,8 +114,11 @@ def parse_record(raw: bytes | str) -> Episode | Sample:
     data = json.loads(raw)
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    if "messages" in data and "steps" not in data:
+    kind = record_kind(data)
+    if kind == "samples":
         return Sample.from_dict(data)
+    if kind not in ("episodes", "unknown"):
+        raise ValueError(f"this line is from {describe(kind)}, not an episode or a sample")
     if isinstance(data.get("tools"), str):
         try:
             data["tools"] = json.loads(data["tools"])
@@ -315,6 +321,8 @@ def build_dataset(
     """
     started = time.perf_counter()
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    for path in paths:
+        expect_kind(path, ("episodes", "samples"), "--in", SCHEMA_VERSIONS)
     renderer = renderer or Renderer.for_model(model)
     out = Path(out_dir)
     report = BuildReport([str(p) for p in paths], str(out), model, renderer.template_name, max_seq_length)

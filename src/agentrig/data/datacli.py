@@ -14,7 +14,7 @@ from typing import Any
 
 from agentrig.data.render import IGNORE_INDEX
 from agentrig.errors import ConfigError, DataError
-from agentrig.jsonl import read_jsonl
+from agentrig.jsonl import check_output_file, expect_kind, read_json, read_jsonl
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -79,15 +79,16 @@ def _inspect(args: argparse.Namespace) -> int:
     from agentrig.models import load_tokenizer
 
     path = Path(args.path)
-    folder = path if path.is_dir() else path.parent
-    tokenized = folder / "tokenized.jsonl" if path.is_dir() else path
-    if not tokenized.is_file():
-        raise DataError(f"{tokenized}: no such file (give a `data build` folder or its tokenized.jsonl)")
+    kind = expect_kind(path, ("build", "tokenized"))
+    folder = path if kind == "build" else path.parent
+    tokenized = folder / "tokenized.jsonl" if kind == "build" else path
+    rows = read_jsonl(tokenized)
+    if not rows:
+        raise DataError(f"{tokenized}: no samples (the build kept none: its build_report.json says why)")
     card_path = folder / "data_card.json"
-    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    card = read_json(card_path, "`agentrig data build`") if card_path.is_file() else {}
     tokenizer = load_tokenizer(card.get("model", "smollm2-135m"))
     console = Console()
-    rows = read_jsonl(tokenized)
     for row in rows[: args.n]:
         console.rule(f"sample {row['sample_id']}")
         text = Text()
@@ -109,13 +110,16 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    from agentrig.data.databuild import BuildReport, read_records
+    from agentrig.data.databuild import SCHEMA_VERSIONS, BuildReport, read_records
     from agentrig.data.pairs import build_pairs, mix_pairs
     from agentrig.harness.trajectory import Episode
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1 (got {args.limit})")
 
+    for path in args.inputs:
+        expect_kind(path, ("episodes",), "--in", SCHEMA_VERSIONS)  # built samples hold no rejected steps to pair
+    check_output_file(args.out, "pairs", "--out")
     report = BuildReport([str(p) for p in args.inputs], "", "", "", None)
     episodes = [r for r in read_records([Path(p) for p in args.inputs], args.skip_bad, report) if isinstance(r, Episode)]
     pairs, summary = build_pairs(episodes, synthetic=not args.no_synthetic)

@@ -140,7 +140,10 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from agentrig.envs import load_env
+    from agentrig.jsonl import read_adapter_config
 
+    if args.adapter:
+        read_adapter_config(args.adapter)  # before the environment and the model load
     console = Console(soft_wrap=True)  # the terminal wraps; rich must not cut lines (paths, JSON) itself
     env = load_env(args.env)
     tools, state = session_tools(env)

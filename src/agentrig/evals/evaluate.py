@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from agentrig.config import add_flags, comma_list, from_args, opt
 from agentrig.errors import ConfigError
-from agentrig.jsonl import check_output_folder
+from agentrig.jsonl import check_output_folder, read_adapter_config
 from agentrig.harness import HarnessConfig
 from agentrig.evals.metrics import MetricSet, compute_metrics
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
@@ -192,6 +192,8 @@ def main(args: argparse.Namespace) -> int:
     adapters = parse_pairs(args.adapter, "--adapter")
     route = parse_pairs(args.route, "--route")
     check_output_folder(args.out, "--out")
+    for folder in adapters.values():
+        read_adapter_config(folder)  # before anything loads
     harness = from_args(HarnessConfig, args)
     config = from_args(EvalConfig, args, harness=harness)
     if args.trials > 1 and args.temperature == 0:

@@ -15,6 +15,7 @@ from agentrig.harness.loop import HarnessConfig, run_episode
 from agentrig.harness.policy import ScriptedPolicy
 from agentrig.harness.tools import ToolSet, tool
 from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
+from agentrig.jsonl import check_output_file
 
 
 @tool
@@ -64,6 +65,7 @@ SCRIPT = [
 
 def run_demo(out: Path) -> Episode:
     """Run the scripted recovery episode and write its record to `out`."""
+    check_output_file(out, "episodes", "--out")
     tools = ToolSet([get_weather, search_web, convert_temperature])
     task = TaskSpec(id="demo-weather", prompt="What's the weather in Paris right now, in Celsius and Fahrenheit?",
                     env="demo", family="recovery")

@@ -143,9 +143,12 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agentrig.evals.evaluate import parse_pairs
+    from agentrig.jsonl import read_adapter_config
 
     config = from_args(ServeConfig, args)
     adapters = parse_pairs(args.adapter, "--adapter")
+    for folder in adapters.values():
+        read_adapter_config(folder)  # before the model loads
     state = build_state(config, adapters, from_args(HarnessConfig, args))
     port = config.port or free_port(config.host)
     print(f"agentrig serve: http://{config.host}:{port}/v1 serving {', '.join(state.served())}"

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from agentrig.errors import ConfigError
-from agentrig.jsonl import expect_kind, read_json
+from agentrig.jsonl import read_adapter_config
 
 # vLLM accepts these --max-lora-rank values (vllm/config/lora.py, MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -53,17 +53,6 @@ class VllmCheck:
         if self.ok:
             return f"vLLM check passed (rank {self.rank}); serve with:\n  {self.serve_command(name)}"
         return "vLLM cannot load this adapter:\n" + "\n".join(f"  - {p}" for p in self.problems)
-
-
-def read_adapter_config(adapter_dir: str | Path, flag: str = "--adapter") -> dict:
-    """`adapter_config.json` of a LoRA adapter folder; a DataError naming the path when it is not one.
-
-    Every command that takes an adapter (export, eval, chat, serve, collect) calls this before loading the
-    model, so a wrong folder, a file, or a damaged config fails at once.
-    """
-    adapter_dir = Path(adapter_dir)
-    expect_kind(adapter_dir, ("adapter",), flag)
-    return read_json(adapter_dir / "adapter_config.json", "`agentrig train`")
 
 
 def check_vllm_adapter(adapter_dir: str | Path, base_model: str | None = None) -> VllmCheck:

@@ -173,13 +173,26 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> TrainConfi
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Load a YAML config file; `overrides` (already typed) replace keys from the file."""
+    from agentrig.jsonl import KINDS, describe, path_kind
+
     path = Path(path)
+    want = "a YAML training config (see examples/lora_agent.yaml)"
+    if path.is_dir():
+        raise ConfigError(f"--config {path}: it is a folder; expected {want}")
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"--config {path}: there is no such file; expected {want}")
+    kind = path_kind(path)
+    if kind == "binary":
+        raise ConfigError(f"--config {path}: expected {want}; {describe(kind)}")
+    if kind in KINDS:
+        raise ConfigError(f"--config {path}: expected {want}; this is {describe(kind)}, which goes under the "
+                          "config's `dataset:` key")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())}); see examples/lora_agent.yaml") from None
+    if not data and not overrides:
+        raise ConfigError(f"--config {path}: the file is empty; expected {want}, with at least `dataset:`")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys to values")
     data.update(overrides or {})
