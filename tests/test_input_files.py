@@ -5,9 +5,9 @@ samples, tokenized data and a TRL export, pairs from `agentrig data pairs` in bo
 folder, a PEFT adapter config and a training output folder. The wrong inputs are those files given to the
 wrong command, plus an empty file, a last line cut in half (a killed writer), an older schema version, a
 gzipped (binary) file and a missing path. Each case runs `agentrig.cli.main` and asserts a nonzero exit,
-no traceback, and a message naming the file, the kind expected and the command that writes it. Models are
-never loaded: every check runs before anything expensive (a case that reached a model would fail here, as
-the packaged model is not what these commands are given).
+no traceback, and a message naming the file, the kind expected and the command that writes it. No model
+or tokenizer loads in any case: every check runs before anything expensive (a check moved after the model
+load would still fail here, on its message, only slower).
 """
 
 from __future__ import annotations
