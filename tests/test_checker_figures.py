@@ -51,9 +51,9 @@ def solved():
     return out
 
 
-def _fmt_like(written: str, value: float) -> str:
-    """`value` written the way `written` is (thousands separators, number of decimals)."""
-    decimals = len(written.split(".")[1]) if "." in written else 0
+def _fmt_like(written: str, value: float, kind: str) -> str:
+    """`value` written the way `written` is (thousands separators, decimals: at least cents but for counts)."""
+    decimals = 0 if kind == "count" else max(2, len(written.split(".")[1]) if "." in written else 0)
     text = f"{value:,.{decimals}f}" if "," in written else f"{value:.{decimals}f}"
     return text
 
@@ -109,12 +109,12 @@ def test_every_perturbation_of_a_right_answer_fails(solved):
             text = ep.final_answer if where == "answer" else state.reports[0].body
             forms = _written_forms(text, value, kind, tol)
             assert forms, (task.id, text, fig)
-            wrong = [_fmt_like(forms[0].group(0), p) for p in _perturbations(value, kind, tol)]
+            wrong = [_fmt_like(forms[0].group(0), p, kind) for p in _perturbations(value, kind, tol)]
             swapped = _swapped(forms[0].group(0))
             if swapped is not None and not figure_matches(float(swapped.replace(",", "")), value, kind, tol):
                 wrong.append(swapped)
             # the right figure of another task of the same family (the right number for the wrong entity)
-            wrong += [_fmt_like(forms[0].group(0), o) for o in others.get(task.family, [])
+            wrong += [_fmt_like(forms[0].group(0), o, kind) for o in others.get(task.family, [])
                       if not figure_matches(o, value, kind, tol)][:2]
             for w in wrong:
                 new = text

@@ -252,3 +252,19 @@ def test_process_isolation_kills_hung_and_crashing_tools_and_the_next_call_runs(
 def test_a_bad_isolation_is_refused_at_definition():
     with pytest.raises(ToolDefinitionError, match="isolation must be one of thread, process"):
         Tool("t", "x", {"type": "object", "properties": {}}, lambda: 1, isolation="docker")
+
+
+def test_a_result_that_cannot_be_serialized_is_an_observation_not_a_crash():
+    class BadRepr:
+        def __repr__(self):
+            raise RuntimeError("repr exploded")
+
+    cyclic: dict = {}
+    cyclic["self"] = cyclic
+    for isolation in ("thread", "process"):
+        ts = ToolSet([Tool("a", "cycle", {"type": "object", "properties": {}}, lambda: cyclic, isolation=isolation),
+                      Tool("b", "bad repr", {"type": "object", "properties": {}}, lambda: {"x": BadRepr()},
+                           isolation=isolation)])
+        a, b = ts.execute(ToolCall("c", "a", {})), ts.execute(ToolCall("c", "b", {}))
+        assert a.error == b.error == "exception", isolation
+        assert "Circular reference" in a.content and "repr exploded" in b.content

@@ -72,6 +72,7 @@ PROFILES = {
                     rollout_episodes=4, dpo_steps=2),
 }
 EVAL_SPLITS = ["test", "test_unseen_tools"]
+LORA_RANK, LORA_ALPHA = 32, 64  # the seed's LoRA keys (section 3.1), for every profile
 
 
 @dataclass
@@ -159,7 +160,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
     from agentrig.train.trainlog import SnapshotCallback
 
     tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
-                       lora_rank=32, lora_alpha=64, lora_target=prof.lora_target,
+                       lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_target=prof.lora_target,
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),
@@ -258,7 +259,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"profile {prof.name}: {stages['collect']['episodes']} teacher episodes (fault rate {prof.faults}), "
         f"{stages['data']['samples']} samples, SFT {stages['sft']['steps']} steps"
         + (f", DPO {stages['dpo']['steps']} steps on {_used_pairs(stages['pairs'])}" if "dpo" in stages else ""),
-        f"SFT recipe: LoRA r32/alpha64 on {prof.lora_target} linear layers, learning rate {prof.learning_rate:g}, cosine, "
+        f"SFT recipe: LoRA r{LORA_RANK}/alpha{LORA_ALPHA} on {prof.lora_target} linear layers, learning rate {prof.learning_rate:g}, cosine, "
         f"{prof.batch_size} packed row(s) of {prof.max_seq_length} tokens per step; detours {prof.detours}, "
         f"tool listing {prof.tool_listing}",
         f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split "

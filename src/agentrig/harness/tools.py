@@ -456,7 +456,12 @@ class ToolSet:
                 raise
             return self._exception_result(call, exc, time.perf_counter() - start)
         duration = time.perf_counter() - start
-        content, cut = truncate(to_observation(value), self.max_output_chars)
+        try:
+            text = to_observation(value)
+        except Exception as exc:  # a cycle, a repr that raises: the tool's defect, told to the model
+            return self._exception_result(call, f"its result could not be serialized ({type(exc).__name__}: {exc})",
+                                          duration)
+        content, cut = truncate(text, self.max_output_chars)
         return ToolResult(call.id, call.name, content, ok=True, duration_s=duration, truncated=cut)
 
     @staticmethod
