@@ -1,8 +1,9 @@
-"""`agentrig data build | inspect | pairs`: the command line of the data stage.
+"""`agentrig data build | inspect | pairs | dagger`: the command line of the data stage.
 
 `build` turns episode files into checked training data (`agentrig.data.databuild.build_dataset`) and optional
 exports; `inspect` prints samples with the supervised tokens highlighted, so a person sees what the model
-will learn; `pairs` writes DPO preference pairs (`agentrig.data.pairs`). Heavy imports happen inside `main`.
+will learn; `pairs` writes DPO preference pairs (`agentrig.data.pairs`); `dagger` has the environment's expert
+take over a student's own episodes where it went wrong (`agentrig.data.dagger`). Heavy imports happen inside `main`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    "episodes first, then synthetic kinds in turn (what `agentrig run --profile full` trains on)")
     p.add_argument("--seed", type=int, default=0, help="seed of --limit's sample")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines and count them")
+    d = sub.add_parser("dagger", help="the expert takes over a student's own episodes at its first different step "
+                       "(DAgger); successes to an episodes file for `data build`")
+    d.add_argument("--in", dest="inputs", nargs="+", required=True, metavar="EPISODES.jsonl",
+                   help="the student's episodes (agentrig collect --teacher model --adapter ...)")
+    d.add_argument("--out", required=True, metavar="FILE", help="output episodes file")
+    d.add_argument("--env", default=None, help="the environment (default: the one in IN.meta.json, else datadesk)")
+    d.add_argument("--faults", type=float, default=None,
+                   help="fault rate after the takeover (default: the student's collection's, from IN.meta.json)")
+    d.add_argument("--max-steps", type=int, default=None, help="harness step limit (default: from IN.meta.json, else 12)")
+    d.add_argument("--tool-listing", default=None, help="how the system prompt lists tools (default: from IN.meta.json)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,6 +60,8 @@ def main(args: argparse.Namespace) -> int:
         return _build(args)
     if args.data_command == "inspect":
         return _inspect(args)
+    if args.data_command == "dagger":
+        return _dagger(args)
     return _pairs(args)
 
 
@@ -138,4 +151,33 @@ def _pairs(args: argparse.Namespace) -> int:
         (out.parent / "dataset_info.json").write_text(json.dumps(dataset_info(out.name, ranking=True), indent=2) + "\n")
     summary["lines_skipped"] = report.lines_skipped
     print(f"{len(pairs)} pairs -> {out}: {json.dumps(summary)}")
+    return 0
+
+
+def _dagger(args: argparse.Namespace) -> int:
+    from agentrig.data.dagger import DaggerSummary, relabel
+    from agentrig.data.databuild import SCHEMA_VERSIONS
+    from agentrig.envs import load_env
+    from agentrig.envs.runner import TaskRunner
+    from agentrig.harness import HarnessConfig
+    from agentrig.harness.trajectory import dumps_episode, iter_episodes
+
+    for path in args.inputs:
+        expect_kind(path, ("episodes",), "--in", SCHEMA_VERSIONS)
+    check_output_file(args.out, "episodes", "--out")
+    meta_path = Path(f"{args.inputs[0]}.meta.json")
+    meta = read_json(meta_path, "agentrig collect") if meta_path.exists() else {}
+    env = load_env(args.env or meta.get("env", "datadesk"))
+    harness = HarnessConfig(max_steps=args.max_steps or meta.get("max_steps", 12),
+                            tool_listing=args.tool_listing or meta.get("tool_listing", "compact"))
+    rate = args.faults if args.faults is not None else meta.get("faults", 0.0)
+    faults = TaskRunner.env_faults(env, rate, meta.get("fault_rates") or None) if rate or meta.get("fault_rates") else None
+    summary = DaggerSummary()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
+        for path in args.inputs:
+            for ep in relabel(iter_episodes(path), env, harness, faults, summary):
+                fh.write(dumps_episode(ep) + "\n")
+    print(f"{summary.relabelled} relabelled episodes -> {out}: {json.dumps(summary.to_dict())}")
     return 0
