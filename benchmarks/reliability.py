@@ -10,10 +10,11 @@ Sections (each prints its cases and its failures; a failure is anything the prom
   effects    a declared write tool under every fault kind, with a retrying agent: duplicate writes
   checker    the expert's right answers on 200 datadesk test tasks and perturbations of each figure
   kill       `agentrig collect` SIGKILLed at random points and resumed, against an uninterrupted run
+  train      `agentrig train` (a tiny model) SIGKILLed at random moments and resumed, against an uninterrupted run
 
-Run: `python benchmarks/reliability.py [--only SECTION ...] [--fuzz N] [--kills K]` (about two minutes).
-The input-file sweep (malformed configs, episode files, datasets) is `tests/test_input_files.py`; the
-trainer's SIGKILL + resume is `tests/test_train_resume.py`.
+Run: `python benchmarks/reliability.py [--only SECTION ...] [--fuzz N] [--kills K] [--train-kills K]`
+(about two minutes). The input-file sweep (malformed configs, episode files, datasets) is
+`tests/test_input_files.py`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from agentrig.envs import load_env
 from agentrig.envs.base import figure_matches, figure_spec
@@ -453,7 +455,74 @@ def section_kill(kills: int, episodes: int = 300) -> None:
                f"resumed {'equal to' if same else 'DIFFERENT from'} uninterrupted", lost == 0 and dup == 0 and same)
 
 
-SECTIONS = ("outputs", "sql", "tools", "injection", "effects", "checker", "kill")
+def section_train(kills: int) -> None:
+    """A tiny model's LoRA SFT (`python -m agentrig train`) SIGKILLed at random moments, resumed each time."""
+    print(f"train: agentrig train (tiny model, 24 steps, a checkpoint every 3) SIGKILLed at {kills} random points")
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from agentrig.models import load_tokenizer, tiny_random_model
+    from agentrig.train.train import run_train
+    from agentrig.train.trainconfig import config_from_dict
+
+    rng = random.Random(11)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        tok = load_tokenizer("smollm2-135m")
+        tiny_random_model(len(tok), initializer_range=0.2).save_pretrained(tmp_path / "model")
+        tok.save_pretrained(tmp_path / "model")
+        rows = []
+        for i in range(8):
+            ids = [rng.randrange(200, 3000) for _ in range(rng.randint(24, 72))]
+            cut = len(ids) // 2
+            rows.append({"sample_id": f"s{i}", "input_ids": ids, "labels": [-100] * cut + ids[cut:]})
+        (tmp_path / "tokenized.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+        def config(out: str) -> Any:
+            return config_from_dict(dict(model_name_or_path=str(tmp_path / "model"), dataset=str(tmp_path / "tokenized.jsonl"),
+                                         output_dir=str(tmp_path / out), lora_rank=8, lora_alpha=16, learning_rate=5e-3,
+                                         max_seq_length=128, per_device_train_batch_size=2, max_steps=24, save_steps=3,
+                                         lr_scheduler_type="cosine"))
+
+        reference = run_train(config("reference"))
+        path = tmp_path / "train.yaml"
+        path.write_text(yaml.safe_dump(config("killed").to_dict(), sort_keys=False))
+        command = [sys.executable, "-m", "agentrig", "train", "--config", str(path)]
+        from agentrig.train.train import last_complete_checkpoint
+
+        killed = 0
+        at: list[int] = []
+        ckpts = tmp_path / "killed" / "checkpoints"
+
+        def last_step() -> int:
+            last = last_complete_checkpoint(ckpts) if ckpts.is_dir() else None
+            return int(last.name.split("-")[1]) if last else 0
+
+        targets = sorted(rng.sample(range(1, 8), kills))  # kill after checkpoint 3 * t, a random moment later
+        for k, t in enumerate(targets):
+            proc = subprocess.Popen(command + (["--resume"] if k else []), env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and last_step() < 3 * t and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 1.5))  # mid-step, mid-save or mid-log: wherever it is then
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                killed += 1
+            proc.wait()
+            at.append(last_step())
+        done = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True)
+        a = load_file(Path(reference.adapter_dir) / "adapter_model.safetensors")
+        b = load_file(tmp_path / "killed" / "adapter" / "adapter_model.safetensors") if done.returncode == 0 else {}
+        same = a.keys() == b.keys() and all(torch.allclose(a[n], b[n], atol=1e-5, rtol=1e-4) for n in a)
+        record("trainer SIGKILL + resume", f"{killed} kills at random points (last checkpoint then: steps "
+               f"{', '.join(map(str, at))}), resumed to step 24: adapter "
+               f"{'equal to' if same else 'DIFFERENT from'} the uninterrupted run's", same and done.returncode == 0)
+
+
+SECTIONS = ("outputs", "sql", "tools", "injection", "effects", "checker", "kill", "train")
 
 
 def main() -> int:
@@ -461,6 +530,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--fuzz", type=int, default=10_000, help="hostile model outputs to try")
     ap.add_argument("--kills", type=int, default=5, help="SIGKILLs of the collector")
+    ap.add_argument("--train-kills", type=int, default=3, help="SIGKILLs of the trainer")
     args = ap.parse_args()
     started = time.perf_counter()
     order = [s for s in SECTIONS if s in args.only]
@@ -482,6 +552,8 @@ def main() -> int:
             section_checker()
         elif name == "kill":
             section_kill(args.kills)
+        elif name == "train":
+            section_train(args.train_kills)
     print(f"\n| promise | figure | verdict |\n|---|---|---|")
     for promise, figure, verdict in ROWS:
         print(f"| {promise} | {figure} | {verdict} |")
