@@ -228,6 +228,9 @@ def _check_meta(cfg: CollectConfig, out: Path) -> None:
         raise ConfigError(f"--resume: settings differ from those {out} was collected with: {', '.join(diff)}")
 
 
+WINDOW_BATCHES = 8  # a model teacher's episodes are opened and run this many batches at a time
+
+
 def _lines(cfg: CollectConfig, start: int) -> Iterator[str]:
     """Lines start..episodes-1 in index order, from workers, this process, or a batched teacher."""
     indices = range(start, cfg.episodes)
@@ -244,9 +247,12 @@ def _lines(cfg: CollectConfig, start: int) -> Iterator[str]:
     from agentrig.harness.trajectory import dumps_episode
 
     policy = _remote_teacher(cfg)
+    # Windows of many batches: the batch refills as episodes end, so only a window's last episodes wait for
+    # its slowest one (chunks of one batch each waited for theirs: a 12-step straggler held 15 finished rows).
+    window = cfg.batch_size * WINDOW_BATCHES
     try:
-        for lo in range(start, cfg.episodes, cfg.batch_size):
-            batch = [prepare(i) for i in range(lo, min(lo + cfg.batch_size, cfg.episodes))]
+        for lo in range(start, cfg.episodes, window):
+            batch = [prepare(i) for i in range(lo, min(lo + window, cfg.episodes))]
             for ep in _WORKER["runner"].run(batch, policy, batch_size=cfg.batch_size):
                 yield dumps_episode(ep)
     finally:
