@@ -43,7 +43,7 @@ from agentrig.harness.faults import FAULT_KINDS, FaultConfig
 from agentrig.harness.policy import FunctionPolicy
 from agentrig.harness.protocol import DEFECT_KINDS
 from agentrig.harness.tools import MAX_HUNG_PER_TOOL, Tool, ToolSet, tool
-from agentrig.harness.trajectory import TaskSpec
+from agentrig.harness.trajectory import TaskSpec, ToolCall
 
 ROWS: list[tuple[str, str, str]] = []  # (promise, figure, verdict)
 
@@ -224,16 +224,13 @@ def section_tools() -> None:
     for name, fn in junk.items():
         for isolation in ("thread", "process"):
             try:
-                res = ToolSet([_t("t", fn, isolation=isolation)], max_output_chars=2000).execute(
-                    __import__("agentrig.harness.trajectory", fromlist=["ToolCall"]).ToolCall("c", "t", {}))
+                res = ToolSet([_t("t", fn, isolation=isolation)], max_output_chars=2000).execute(ToolCall("c", "t", {}))
                 assert isinstance(res.content, str) and len(res.content) < 3000
             except Exception as exc:  # noqa: BLE001
                 crashes += 1
                 print(f"    {name} ({isolation}): {type(exc).__name__}: {exc}")
     record("tools that raise or return junk", f"{2 * len(junk)} cases (thread and process), {crashes} harness crashes",
            crashes == 0)
-
-    from agentrig.harness.trajectory import ToolCall
 
     def hang():
         hold = bytearray(50_000_000)  # a hung call that holds 50 MB
@@ -408,19 +405,9 @@ def section_checker(n_tasks: int = 200) -> None:
 
 # -- kill ------------------------------------------------------------------------------------------
 
-def _norm(obj):
-    from agentrig.data.collect import TIMING_FIELDS
-
-    if isinstance(obj, dict):
-        return {k: _norm(v) for k, v in obj.items() if k not in TIMING_FIELDS}
-    if isinstance(obj, list):
-        return [_norm(x) for x in obj]
-    return obj
-
-
 def section_kill(kills: int, episodes: int = 300) -> None:
     print(f"kill: agentrig collect ({episodes} episodes, faults, renames) SIGKILLed at {kills} random points, resumed")
-    from agentrig.data.collect import CollectConfig, run_collect
+    from agentrig.data.collect import CollectConfig, run_collect, without_timing
 
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:
@@ -449,7 +436,7 @@ def section_kill(kills: int, episodes: int = 300) -> None:
         ids = [e["episode_id"] for e in got]
         lost = len(set(e["episode_id"] for e in want) - set(ids))
         dup = len(ids) - len(set(ids))
-        same = [_norm(e) for e in got] == [_norm(e) for e in want]
+        same = [without_timing(e) for e in got] == [without_timing(e) for e in want]
         record("collector SIGKILL + resume", f"{done_kills} kills, {lost} episodes lost, {dup} duplicated, "
                f"resumed {'equal to' if same else 'DIFFERENT from'} uninterrupted", lost == 0 and dup == 0 and same)
 

@@ -12,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from agentrig.data.collect import TIMING_FIELDS, CollectConfig, resume_point, run_collect
+from agentrig.data.collect import CollectConfig, resume_point, run_collect, without_timing
 from agentrig.errors import ConfigError
 
 N = 150
 
 
-def _norm(obj):
-    """A line without its timing fields (everything else must match byte for byte)."""
-    if isinstance(obj, dict):
-        return {k: _norm(v) for k, v in obj.items() if k not in TIMING_FIELDS}
-    if isinstance(obj, list):
-        return [_norm(x) for x in obj]
-    return obj
-
-
 def _lines(path: Path) -> list[str]:
-    return [json.dumps(_norm(json.loads(line))) for line in path.read_text().splitlines()]
+    return [json.dumps(without_timing(json.loads(line))) for line in path.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,15 @@ from agentrig.jsonl import check_output_file, read_adapter_config
 
 # Fields that hold measured times; everything else in a line is a function of the settings and index.
 TIMING_FIELDS = ("wall_s", "duration_s", "policy_s")
+
+
+def without_timing(obj: Any) -> Any:
+    """An episode line (parsed JSON) without its timing fields: what a resumed file must equal."""
+    if isinstance(obj, dict):
+        return {k: without_timing(v) for k, v in obj.items() if k not in TIMING_FIELDS}
+    if isinstance(obj, list):
+        return [without_timing(x) for x in obj]
+    return obj
 TEACHERS = ("expert", "openai", "model")
 _FSYNC_EVERY_S = 0.05
 

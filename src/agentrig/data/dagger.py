@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrig.envs.base import Environment
-from agentrig.envs.runner import TaskRunner
 from agentrig.errors import ConfigError
 from agentrig.harness import HarnessConfig, run_episode
 from agentrig.harness.faults import FaultConfig
@@ -137,14 +136,14 @@ def relabel(episodes: Iterable[Episode], env: Environment, harness: HarnessConfi
         raise ConfigError(f"environment {env.name!r} has no expert (Environment.expert), so nothing can label "
                           "the student's states; DAgger needs one")
     summary = summary if summary is not None else DaggerSummary()
-    runner = TaskRunner(env, harness, faults)
+    faults = faults if faults is not None and faults.total > 0 else None
     for student in episodes:
         summary.episodes += 1
         task = student.task
         tools, state = env.setup(task)
         takeover = _Takeover(student, expert, harness.protocol)
         key = f"dagger/{student.episode_id}"
-        live = runner.faults.injector(key, None, tools) if runner.faults is not None else None
+        live = faults.injector(key, None, tools) if faults is not None else None
         try:
             ep = run_episode(task, tools, takeover, harness, tool_hook=_ReplayHook(takeover, live),
                              episode_id=f"{student.episode_id}+dagger")
