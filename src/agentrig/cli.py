@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("agentrig.run", "the main job: collect, build, train, evaluate and report"),
     "chat": ("agentrig.evals.chat", "talk to the agent on the environment's tools in the terminal"),
     "serve": ("agentrig.serve.server", "serve the model and its adapters behind an OpenAI-compatible API"),
+    "mcp": ("agentrig.mcp.server", "serve an environment's tools as an MCP server (stdio or streamable HTTP)"),
     "bench": ("agentrig.bfcl.bench", "public benchmarks (BFCL) offline through the harness"),
 }
 

@@ -83,7 +83,8 @@ class RunConfig:
     profile: str = opt("default", "default: about 30 minutes on 2 CPU cores; full: longer SFT plus a DPO round; "
                        "tiny: smoke test", choices=PROFILES)
     model: str = opt("smollm2-135m", "base model name or folder")
-    env: str = opt("datadesk", "environment: datadesk or path/to/file.py:make_env")
+    env: str = opt("datadesk", "environment: datadesk, path/to/file.py:make_env or mcp:stdio:CMD / mcp:http:URL")
+    tasks: str | None = opt(None, "tasks file (JSONL) of an MCP environment (--env mcp:...); docs/mcp.md")
     seed: int = opt(0, "seed of collection, training and evaluation")
     workers: int = opt(2, "collector processes")
 
@@ -129,7 +130,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     from agentrig.data.collect import CollectConfig, run_collect
 
     out = root / "collect" / f"{name}.jsonl"
-    ccfg = CollectConfig(env=cfg.env, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
+    ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if teacher == "expert" else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing, **extra)
@@ -190,7 +191,7 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     evals: dict[str, Any] = {}
     for name in variants:
         policy.use(name)
-        configs[name] = EvalConfig(env=cfg.env, splits=splits or EVAL_SPLITS,
+        configs[name] = EvalConfig(env=cfg.env, tasks=cfg.tasks, splits=splits or EVAL_SPLITS,
                                    limit=(limits or {}).get(name, prof.eval_limit), faults=prof.eval_faults,
                                    seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
         evals[name] = res = run_eval_with_progress(policy, configs[name], name)
@@ -199,7 +200,7 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
                          "episodes_file": str(out / episodes_file(name))}
     write_metrics(out, configs, evals, {"policy": "model", "model": cfg.model, "adapters": adapters,
                                         "max_new_tokens": prof.eval_max_new_tokens})
-    return results
+    return {**results, "splits": list(splits or EVAL_SPLITS)}
 
 
 def _curve(cfg: RunConfig, prof: Profile, root: Path, sft: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +263,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"SFT recipe: LoRA r{LORA_RANK}/alpha{LORA_ALPHA} on {prof.lora_target} linear layers, learning rate {prof.learning_rate:g}, cosine, "
         f"{prof.batch_size} packed row(s) of {prof.max_seq_length} tokens per step; detours {prof.detours}, "
         f"tool listing {prof.tool_listing}",
-        f"model {cfg.model}; evaluation on {', '.join(EVAL_SPLITS)} with {prof.eval_limit} tasks per split "
+        f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "
         f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy, injected tool-fault rate {prof.eval_faults}",
         f"stage times: {times}; total {_mmss(total_s)}",
     ]
@@ -295,13 +296,20 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     saved = root / "run_config.json"
     if saved.exists():
         before = load_saved(saved)
+        before.setdefault("tasks", None)  # a run folder from before MCP environments
         if {k: v for k, v in before.items() if k != "workers"} != {k: v for k, v in asdict(cfg).items() if k != "workers"}:
             raise ConfigError(f"{root} holds a run with other settings ({before}); use another --out to start fresh")
     save_config(cfg, saved)
     console = Console()
     started = time.perf_counter()
     st = _Stages(root)
-    names = ["collect", "data", "sft"] + (["curve"] if prof.curve_points else []) + ["eval"] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"]
+    from agentrig.envs import load_env
+
+    env = load_env(cfg.env, cfg.tasks)  # refuses a bad --env/--tasks before any stage runs
+    eval_splits = list(env.eval_splits)
+    has_dev = "dev" in env.splits and env.pool_size("dev") != 0
+    curve = bool(prof.curve_points) and has_dev
+    names = ["collect", "data", "sft"] + (["curve"] if curve else []) + ["eval"] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"]
 
     def stage(name: str, label: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return st.run(name, f"[{names.index(name) + 1}/{len(names)}] {label}", fn, console, started)
@@ -309,10 +317,11 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     collect = stage("collect", "collect teacher episodes", lambda: _collect(cfg, prof, root))
     data = stage("data", "build training data", lambda: _build(cfg, prof, root, collect["episodes_file"]))
     sft = stage("sft", "LoRA SFT", lambda: _train(cfg, prof, root, "sft", data["data_dir"], prof.sft_steps))
-    if prof.curve_points:
+    if curve:
         stage("curve", "completion against training minutes (dev snapshots)", lambda: _curve(cfg, prof, root, sft))
     stage("eval", "evaluate base and SFT", lambda: _evaluate(
-        cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"], limits={"base": prof.base_eval_limit or prof.eval_limit}))
+        cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"], limits={"base": prof.base_eval_limit or prof.eval_limit},
+        splits=eval_splits))
     if prof.dpo:
         rollouts = stage("rollouts", "sample the SFT adapter's own rollouts", lambda: _collect(
             cfg, prof, root, teacher="model", episodes=prof.rollout_episodes, name="rollouts", model=cfg.model,
@@ -322,7 +331,8 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         dpo = stage("dpo", "DPO on the SFT adapter", lambda: _train(
             cfg, prof, root, "dpo", pairs["pairs_file"], prof.dpo_steps, adapter=sft["adapter"]))
         stage("eval_dpo", "evaluate SFT+DPO",
-              lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"], folder="eval_dpo"))
+              lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"], folder="eval_dpo",
+                                splits=eval_splits))
     stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done)))
     console.print(f"[bold green]done[/bold green]: {st.done['report']['markdown']} and {st.done['report']['html']} "
                   f"(all stages {_mmss(_total_seconds(st.done))}, this invocation {_mmss(time.perf_counter() - started)})")

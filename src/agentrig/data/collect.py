@@ -57,7 +57,10 @@ def _fault_rates(text: str) -> dict[str, float]:
 class CollectConfig:
     """Settings of one collection (saved beside the output as OUT.meta.json); each field is a flag."""
 
-    env: str = opt("datadesk", "'datadesk' or path/to/file.py:make_env")
+    env: str = opt("datadesk", "'datadesk', path/to/file.py:make_env or mcp:stdio:CMD / mcp:http:URL")
+    tasks: str | None = opt(None, "tasks file (JSONL) of an MCP environment (--env mcp:...); docs/mcp.md")
+    mcp_record: str | None = opt(None, "append every MCP tool listing and result to this replay file "
+                                 "(replay it with --env mcp:replay:FILE)")
     split: str = opt("train", "train, dev, test or test_unseen_tools (or the environment's own splits)")
     episodes: int = opt(100, "total episodes in the output")
     teacher: str = opt("expert", "who acts: the environment's expert, an OpenAI-compatible endpoint, or a local model",
@@ -95,7 +98,7 @@ class CollectConfig:
     def identity(self) -> dict[str, Any]:
         """The settings that decide the content (not where or how fast it is produced)."""
         d = asdict(self)
-        for k in ("out", "workers", "episodes", "batch_size"):
+        for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
         return d
 
@@ -132,7 +135,7 @@ def _setup_worker(cfg: CollectConfig) -> None:
     from agentrig.envs.runner import TaskRunner
     from agentrig.harness import HarnessConfig
 
-    env = load_env(cfg.env)
+    env = load_env(cfg.env, cfg.tasks, cfg.mcp_record)
     if cfg.rename > 0 and not env.tool_aliases:
         raise ConfigError(f"--rename needs other names for the tools, and environment {env.name!r} has none: "
                           "set its `tool_aliases` (and `param_aliases`), see docs/environments.md")
@@ -231,6 +234,7 @@ def _check_meta(cfg: CollectConfig, out: Path) -> None:
         raise ConfigError(f"--resume: {meta} is missing, so the settings of {out} are unknown; start without --resume")
     saved = load_saved(meta)  # the whole config (save_config), or only its identity (files from before)
     saved.setdefault("tool_listing", "json")  # collected before the setting existed: tools were listed as JSON
+    saved.setdefault("tasks", None)  # collected before MCP environments: no tasks file
     saved = {k: v for k, v in saved.items() if k in cfg.identity()}
     if saved != cfg.identity():
         diff = sorted(k for k in set(saved) | set(cfg.identity()) if saved.get(k) != cfg.identity().get(k))

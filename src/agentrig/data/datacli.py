@@ -167,7 +167,7 @@ def _dagger(args: argparse.Namespace) -> int:
     check_output_file(args.out, "episodes", "--out")
     meta_path = Path(f"{args.inputs[0]}.meta.json")
     meta = read_json(meta_path, "agentrig collect") if meta_path.exists() else {}
-    env = load_env(args.env or meta.get("env", "datadesk"))
+    env = load_env(args.env or meta.get("env", "datadesk"), meta.get("tasks"))
     harness = HarnessConfig(max_steps=args.max_steps or meta.get("max_steps", 12),
                             tool_listing=args.tool_listing or meta.get("tool_listing", "compact"))
     rate = args.faults if args.faults is not None else meta.get("faults", 0.0)

@@ -1,4 +1,5 @@
-"""Environments: `load_env("datadesk")` or `load_env("path/to/file.py:make_env")` (see docs/environments.md).
+"""Environments: `load_env("datadesk")`, `load_env("path/to/file.py:make_env")` (see docs/environments.md), or an
+MCP server's tools with a tasks file: `load_env("mcp:stdio:COMMAND", tasks="tasks.jsonl")` (docs/mcp.md).
 
 Holds the Environment API (`base.py`) and the built-in `datadesk/` environment with everything specific to
 it (database, tools, task families, checker, expert teacher). May import: `agentrig.harness` and the
@@ -17,14 +18,23 @@ from agentrig.errors import ConfigError
 __all__ = ["SPLITS", "CheckResult", "Environment", "load_env"]
 
 
-def load_env(spec: str) -> Environment:
-    """The environment named by `spec`: "datadesk", or "path/to/file.py:make_env" (a function returning one)."""
+def load_env(spec: str, tasks: str | None = None, record: str | None = None) -> Environment:
+    """The environment named by `spec`: "datadesk", "path/to/file.py:make_env" (a function returning one), or
+    "mcp:stdio:COMMAND" / "mcp:http:URL" / "mcp:replay:FILE" with its `tasks` file (`record`: append every
+    MCP tool result to this replay file). A tasks file given to another environment is an error, not ignored."""
+    if spec.startswith("mcp:"):
+        from agentrig.mcp.env import make_mcp_env
+
+        return make_mcp_env(spec, tasks, record)
+    if tasks is not None or record is not None:
+        raise ConfigError(f"--tasks and --mcp-record belong to MCP environments (--env mcp:...), not {spec!r}")
     if spec == "datadesk":
         from agentrig.envs.datadesk import DatadeskEnv
 
         return DatadeskEnv()
     if ":" not in spec:
-        raise ConfigError(f"unknown environment {spec!r}: use 'datadesk' or 'path/to/file.py:make_env'")
+        raise ConfigError(f"unknown environment {spec!r}: use 'datadesk', 'path/to/file.py:make_env' or "
+                          "'mcp:stdio:COMMAND' / 'mcp:http:URL' (with --tasks FILE.jsonl)")
     path_text, func_name = spec.rsplit(":", 1)
     path = Path(path_text)
     if not path.is_file():

@@ -17,7 +17,8 @@ import json
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
-from agentrig.config import add_flags, from_args
+from agentrig.config import add_flags, comma_list, from_args
+from agentrig.errors import ConfigError
 from agentrig.harness import EpisodeRunner, HarnessConfig, PolicyReply
 from agentrig.harness.policy import generate_batch
 from agentrig.harness.protocol import get_protocol
@@ -93,9 +94,17 @@ def run_chat(
     return episodes
 
 
-def session_tools(env: Any) -> tuple[ToolSet, Any]:
-    """Every tool the environment offers for seen-tool tasks, bound to one state for the whole session."""
+def session_tools(env: Any, allow: list[str] | None = None, read_only: list[str] | None = None) -> tuple[ToolSet, Any]:
+    """Every tool the environment offers for seen-tool tasks, bound to one state for the whole session. An MCP
+    environment denies by default: only the tools `allow` names (`["*"]`: all), `read_only` ones open to faults."""
     probe = TaskSpec(id="chat", prompt="", env=env.name, split="chat")
+    if env.name == "mcp":
+        if not allow:
+            raise ConfigError("an MCP server's tools are denied by default: name the ones the agent may use with "
+                              "--allow NAME,NAME (or --allow '*' for all)")
+        probe.metadata = {"mcp_allowed": list(allow), "read_only_tools": list(read_only or [])}
+    elif allow:
+        raise ConfigError("--allow chooses an MCP server's tools (--env mcp:...); other environments offer theirs")
     toolset, state = env.setup(probe)
     return ToolSet(list(toolset.tools.values())), state
 
@@ -116,7 +125,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `agentrig chat`."""
     parser.add_argument("--model", default="smollm2-135m", help="base model name or folder; with --base-url, the served model")
     parser.add_argument("--adapter", default=None, metavar="DIR", help="a trained LoRA adapter folder")
-    parser.add_argument("--env", default="datadesk", help="whose tools the agent gets: datadesk or path/to/file.py:make_env")
+    parser.add_argument("--env", default="datadesk", help="whose tools the agent gets: datadesk, "
+                        "path/to/file.py:make_env, or an MCP server (mcp:stdio:'COMMAND', mcp:http:URL)")
+    parser.add_argument("--allow", type=comma_list, default=None, metavar="TOOL,...",
+                        help="an MCP server's tools the agent may use (deny by default; '*' for all)")
+    parser.add_argument("--read-only", type=comma_list, default=None, metavar="TOOL,...",
+                        help="MCP tools that change nothing (only these may get injected faults)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step")
     parser.add_argument("--base-url", default=None, help="talk to a model behind an OpenAI-compatible endpoint")
@@ -146,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
         read_adapter_config(args.adapter)  # before the environment and the model load
     console = Console(soft_wrap=True)  # the terminal wraps; rich must not cut lines (paths, JSON) itself
     env = load_env(args.env)
-    tools, state = session_tools(env)
+    tools, state = session_tools(env, args.allow, args.read_only)
     policy = build_policy(args)
     console.print(f"agentrig chat on {args.env} ({len(tools.allowed)} tools: {', '.join(tools.allowed)}). "
                   "Type a request; /quit to leave.", highlight=False)

@@ -34,7 +34,8 @@ POLICIES = ("model", "expert")
 class EvalConfig:
     """What to evaluate on; saved into metrics.json beside the results."""
 
-    env: str = opt("datadesk", "environment: datadesk or path/to/file.py:make_env")
+    env: str = opt("datadesk", "environment: datadesk, path/to/file.py:make_env or mcp:stdio:CMD / mcp:http:URL")
+    tasks: str | None = opt(None, "tasks file (JSONL) of an MCP environment (--env mcp:...); docs/mcp.md")
     splits: list[str] | None = opt(None, "comma-separated splits, each measured apart (default: the environment's "
                                    "eval_splits; datadesk: test,test_unseen_tools)", flag="--split", parse=comma_list,
                                    metavar="SPLIT,...")
@@ -86,7 +87,7 @@ def run_eval(
     """
     from agentrig.envs import load_env
 
-    env = env if env is not None else load_env(config.env)
+    env = env if env is not None else load_env(config.env, config.tasks)
     jobs = _jobs(env, config)
     from agentrig.envs.runner import TaskRunner
 
@@ -202,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     from agentrig.envs import load_env
     from agentrig.policies.loader import PolicySpec, load_policy
 
-    env = load_env(args.env)
+    env = load_env(config.env, config.tasks)
     _jobs(env, config)  # resolves the splits; bad ones and repeated task ids are refused before anything is written
     if args.policy == "expert":
         if adapters or route or args.base_url:
@@ -286,7 +287,7 @@ def run_eval_with_progress(policy: Any, config: EvalConfig, name: str, env: Any 
     from agentrig.envs import load_env
     from agentrig.progress import progress
 
-    env = env if env is not None else load_env(config.env)
+    env = env if env is not None else load_env(config.env, config.tasks)
     total = len(_jobs(env, config))
     done = {"ok": 0}
 

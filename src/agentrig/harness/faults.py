@@ -10,7 +10,8 @@ faults that stop the call before it runs (a corrupted output after a write would
 A tool has side effects when its definition says so (`Tool.side_effects`, passed in as the episode's
 `ToolSet`) or its environment lists it (`Environment.side_effect_tools` -> `no_mutate`); how drift renames
 fields is the environment's `drift_names`. Whoever builds the config passes these facts in.
-The built-in `note` tool is never faulted (the harness handles it before this hook anyway).
+The built-in `note` tool is never faulted (the harness handles it before this hook anyway), nor is a tool
+defined with `inject_faults=False` (an MCP tool the user did not mark read-only): its calls draw nothing.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ class FaultInjector:
         self.rng = random.Random(f"faults/{seed}")
         self.injected: list[str] = []
         self.no_mutate = {(renames or {}).get(n, n) for n in config.no_mutate}
+        self.exempt: set[str] = set()
         if tools is not None:
             self.no_mutate |= {name for name, t in tools.tools.items() if t.side_effects}
+            self.exempt = {name for name, t in tools.tools.items() if not t.inject_faults}
 
     def _draw(self, call: ToolCall) -> str | None:
         u = self.rng.random()
@@ -106,7 +109,7 @@ class FaultInjector:
         return None
 
     def __call__(self, call: ToolCall, execute: Callable[[], ToolResult]) -> ToolResult:
-        if call.name == "note":
+        if call.name == "note" or call.name in self.exempt:
             return execute()
         kind = self._draw(call)
         if kind is None:

@@ -16,7 +16,8 @@ Two ways to run a call (`Tool.isolation`):
   segfault) costs nothing after its call. The child's changes to Python objects are lost with it: use it
   for tools whose effects live outside the process (files, databases on disk, network services).
 `Tool.side_effects` declares a tool that changes the world; fault injection then never runs it and
-corrupts its output (which would invite a duplicate write). Not handled here: fault injection
+corrupts its output (which would invite a duplicate write). `Tool.inject_faults=False` keeps fault
+injection off a tool entirely (an MCP tool nobody marked read-only). Not handled here: fault injection
 (`faults.py`) and the recovery rule (`loop.py`).
 """
 
@@ -69,6 +70,9 @@ class Tool:
     timeout_s: float = DEFAULT_TIMEOUT_S
     side_effects: bool = False  # it changes the world: faults only ever stop it before it runs
     isolation: str = "thread"  # or "process": a forked child, killed at the timeout (see the module docstring)
+    inject_faults: bool = True  # False: fault injection never touches this tool (MCP tools not marked read-only)
+    validation_schema: dict[str, Any] | None = None  # validate against this instead of `parameters` (the
+    # original of a schema shown to the model in a simpler form, e.g. an MCP inputSchema with $ref resolved)
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -86,7 +90,13 @@ class Tool:
             raise ToolDefinitionError(f"tool {self.name!r} has an invalid JSON schema: {exc.message}") from None
         if self.parameters.get("type") != "object":
             raise ToolDefinitionError(f"tool {self.name!r}: the parameters schema must have type 'object'")
-        self._validator = Draft202012Validator(self.parameters)
+        if self.validation_schema is not None:
+            try:
+                Draft202012Validator.check_schema(self.validation_schema)
+            except SchemaError as exc:
+                raise ToolDefinitionError(f"tool {self.name!r} has an invalid validation schema: {exc.message}") from None
+        self._validator = Draft202012Validator(self.validation_schema if self.validation_schema is not None
+                                               else self.parameters)
 
     @classmethod
     def from_schema(
@@ -150,8 +160,9 @@ class Tool:
         def call(**kwargs: Any) -> Any:
             return original(**{back.get(k, k): v for k, v in kwargs.items()})
 
+        # a renamed copy validates against its own (renamed) schema: the original names no longer apply
         return Tool(name, description or self.description, new_schema, call, self.timeout_s, self.side_effects,
-                    self.isolation)
+                    self.isolation, self.inject_faults)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -407,6 +418,32 @@ class ToolSet:
             raise ToolDefinitionError(f"allowlist names unknown tools: {', '.join(unknown)}")
         self.allowed: list[str] = names
         self.max_output_chars = max_output_chars
+        self.source: Any = None  # what owns the tools' connection (an MCP client), closed by `close()`
+
+    @classmethod
+    def from_mcp(cls, server: Any, allow: list[str], read_only: list[str] | tuple[str, ...] = (),
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> "ToolSet":
+        """The tools of an MCP server that `allow` names (deny by default; `["*"]` for all), executed through
+        the server; `server` is an open `agentrig.mcp.MCPClient` or a spec (`stdio:COMMAND`, `http:URL`),
+        which is then connected here and closed by `close()`. See `agentrig.mcp.tools`."""
+        from agentrig.mcp.client import MCPClient
+        from agentrig.mcp.tools import mcp_tools
+
+        client = server if isinstance(server, MCPClient) else MCPClient(server).start()
+        try:
+            toolset = cls(mcp_tools(client, allow, read_only, timeout_s), max_output_chars=max_output_chars)
+        except BaseException:
+            if client is not server:
+                client.close()
+            raise
+        toolset.source = client if client is not server else None  # the caller's own client stays theirs
+        return toolset
+
+    def close(self) -> None:
+        """Close the connection behind the tools, if this ToolSet opened one (`from_mcp` with a spec)."""
+        if self.source is not None:
+            self.source.close()
+            self.source = None
 
     def get(self, name: str) -> Tool | None:
         """The tool of that name, permitted or not."""
@@ -466,8 +503,12 @@ class ToolSet:
 
     @staticmethod
     def _exception_result(call: ToolCall, exc: BaseException | str, duration: float) -> ToolResult:
-        """The tool's own failure: an observation for the model."""
-        reason = exc if isinstance(exc, str) else (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        """The tool's own failure: an observation for the model. An exception whose class sets `plain = True`
+        (a remote tool's error text, already written for the model) is shown without its class name."""
+        if isinstance(exc, str) or (getattr(exc, "plain", False) and str(exc)):
+            reason = str(exc)
+        else:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return ToolResult(call.id, call.name, feedback("tool_exception", reason=reason[:500]), ok=False,
                           duration_s=duration, error="exception")
 

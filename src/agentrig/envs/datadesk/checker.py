@@ -18,13 +18,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrig.envs.base import CheckResult, figure_spec, has_figure, numbers_in
+from agentrig.envs.base import HONEST_MARKERS, CheckResult, figure_spec, has_figure, numbers_in
 from agentrig.envs.datadesk.tools import DatadeskState
 from agentrig.harness.trajectory import Episode, TaskSpec
 
-HONEST_MARKERS = ("could not", "couldn't", "cannot", "can't", "no customer", "no product", "no data", "not find",
-                  "not found", "no record", "unable", "doesn't exist", "does not exist", "isn't available",
-                  "is not available", "no sales", "not available", "no such", "there is no", "there are no")
 _DATE = re.compile(r"\b\d{4}-\d{2}\b")
 _MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
            "October", "November", "December"]
