@@ -21,7 +21,8 @@ from agentrig.evals.report import render_transcript
 from agentrig.harness import HarnessConfig, ScriptedPolicy, run_episode
 from agentrig.harness.faults import FaultConfig
 from agentrig.harness.tools import ToolSet
-from agentrig.harness.trajectory import TaskSpec, ToolCall
+from agentrig.harness.protocol import feedback
+from agentrig.harness.trajectory import TaskSpec, ToolCall, ToolResult
 from agentrig.mcp.client import MCPClient, MCPServerDown, ServerSpec
 from agentrig.mcp.tools import harness_name, resolve_refs
 
@@ -309,3 +310,74 @@ def test_collect_build_and_replay_offline(tmp_path):
     for a, b in zip(live, replayed):
         assert [r.content for s in a.steps for r in s.results] == [r.content for s in b.steps for r in s.results]
         assert a.final_answer == b.final_answer and b.success
+    # the server's tools changed since one episode was collected: reported, and refused against the server now
+    from agentrig.mcp.client import current_tool_hashes
+
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    rows[0]["metadata"]["mcp"]["tools"]["read_text_file"] = "0" * 16
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "changed.jsonl.meta.json").write_text((tmp_path / "train.jsonl.meta.json").read_text())
+    flagged = build_dataset([changed], tmp_path / "d2", model="smollm2-135m")
+    assert flagged.samples == 10 and flagged.mcp_changed_tools == ["secure-filesystem-server/read_text_file"]
+    now = current_tool_hashes(f"mcp:replay:{record}")
+    refused = build_dataset([changed], tmp_path / "d3", model="smollm2-135m", mcp_current=now)
+    assert refused.samples == 9 and refused.dropped == {"mcp_tools_changed": 1}
+    # the command line: an offline evaluation from the recording, the reference teacher as the policy
+    proc = subprocess.run([sys.executable, "-m", "agentrig", "eval", "--env", f"mcp:replay:{record}", "--tasks",
+                           str(tasks), "--split", "train", "--policy", "expert", "--out", str(tmp_path / "ev")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert json.dumps(metrics).count('"completion"') >= 1 and "10/10" in proc.stdout + proc.stderr
+
+
+@needs_fs
+def test_reference_teacher_retries_a_faulted_call_into_a_recovery(tmp_path):
+    root = tmp_path / "files"
+    shutil.copytree(ROOT / "examples" / "mcp" / "files", root)
+    tasks = ROOT / "examples" / "mcp" / "files_tasks.jsonl"
+    env = load_env(f"mcp:stdio:{FS_BIN} {root}", tasks=str(tasks))
+    task = env.tasks("test", 1)[0]  # files-transport: read budget.csv, answer 310
+    tools, state = env.setup(task)
+    first: list[str] = []
+
+    def hook(c, execute):  # the first call gets the injected 503 text, the retry runs for real
+        if not first:
+            first.append(c.name)
+            return ToolResult(c.id, c.name, feedback("fault_error_503", tool=c.name), ok=False, fault="error_503")
+        return execute()
+
+    try:
+        ep = run_episode(task, tools, env.expert(), HarnessConfig(), tool_hook=hook, episode_id=task.id)
+        result = env.check(task, state, ep)
+    finally:
+        env.close(state)
+    assert ep.faults == ["error_503"], ep.faults
+    assert [c.name for s in ep.steps for c in s.calls] == ["read_text_file", "read_text_file"]
+    assert result.success and ep.final_answer == "Transport is budgeted at 310."
+
+
+@needs_fs
+def test_the_documented_example_completes_with_its_reference_teacher(tmp_path):
+    root = tmp_path / "files"
+    shutil.copytree(ROOT / "examples" / "mcp" / "files", root)
+    proc = subprocess.run([sys.executable, "-m", "agentrig", "eval", "--env", f"mcp:stdio:{FS_BIN} {root}", "--tasks",
+                           str(ROOT / "examples" / "mcp" / "files_tasks.jsonl"), "--split", "train,test",
+                           "--policy", "expert", "--out", str(tmp_path / "ev")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "(14/14)" in proc.stdout and (root / "reminder.txt").read_text() == "Send invites by Friday"
+
+
+def test_chat_tools_from_an_mcp_server_are_denied_by_default():
+    from agentrig.evals.chat import session_tools
+
+    env = load_env(f"mcp:stdio:{SERVE}")
+    with pytest.raises(ConfigError, match="denied by default"):
+        session_tools(env)
+    tools, state = session_tools(env, ["echo", "add"], ["echo"])
+    try:
+        assert tools.allowed == ["echo", "add"]
+        assert tools.execute(ToolCall("1", "echo", {"text": "hey"})).content == "hey"
+    finally:
+        env.close(state)

@@ -49,6 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "evals": {"harness", "envs", "policies"},
     "bfcl": {"harness", "policies", "evals"},
     "serve": {"harness", "policies", "data", "evals"},
+    "mcp": {"harness", "envs"},
 }
 FOUNDATION = {"config", "errors", "jsonl", "models", "progress"}  # small helpers any group may use; they import only each other
 TOP = {"__init__", "__main__", "cli", "run"}  # entry points: may import anything, nothing imports them
@@ -57,6 +58,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("data.collect", "policies"): "a model or API teacher for `collect --teacher model|openai`",
     ("data.databuild", "bfcl.data"): "the build refuses samples whose user text is a BFCL question",
     ("policies.hf_policy", "data.render"): "inference renders prompts with the chat rendering training uses",
+    ("harness.tools", "mcp"): "ToolSet.from_mcp: a tool set from an MCP server's tools",
+    ("envs", "mcp.env"): "load_env('mcp:...'): an environment from an MCP server and a tasks file",
+    ("data.datacli", "mcp.client"): "data build --mcp-server: the server's tools now, to refuse changed ones",
 }
 
 

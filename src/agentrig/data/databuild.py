@@ -3,6 +3,9 @@
 The recipe, per input line: read and validate (a bad line is a `DataError` naming file and line, or a
 counted skip with `skip_bad`); clean (keep successes, recoveries and labelled honest failures; drop
 episodes whose results do not answer their calls; normalize calls; drop duplicates and BFCL questions);
+refuse episodes from an MCP server whose tools changed since they were collected (`mcp_current`: the
+hashes of the server's tools now, `agentrig data build --mcp-server SPEC`), and without it report every
+tool that appears in more than one version across the inputs (`mcp_tool_versions`, with a warning);
 window (the harness's own memory compression when a stretch passes `max_seq_length`); render and mask
 through `Renderer`; verify token for token against the inference path; write.
 
@@ -70,6 +73,8 @@ class BuildReport:
     episodes_windowed: int = 0
     samples: int = 0
     bfcl_check: str = "on"
+    mcp_tool_versions: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # server -> tool -> hash -> n
+    mcp_changed_tools: list[str] = field(default_factory=list)  # "server/tool" seen in more than one version
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,7 +209,8 @@ class _Builder:
     """The per-record work of `build_dataset` (kept apart so the benchmark can time it per episode)."""
 
     def __init__(self, renderer: Renderer, max_seq_length: int | None, report: BuildReport,
-                 is_bfcl: Callable[[str], bool] | None) -> None:
+                 is_bfcl: Callable[[str], bool] | None, mcp_current: dict[str, dict[str, str]] | None = None) -> None:
+        self.mcp_current = mcp_current
         self.renderer = renderer
         self.max_len = max_seq_length
         self.report = report
@@ -222,6 +228,9 @@ class _Builder:
 
     def _episode(self, episode: Episode) -> list[BuiltSample]:
         self.report.episodes += 1
+        if self._mcp_changed(episode):
+            self.dropped["mcp_tools_changed"] += 1
+            return []
         keep, reason = keep_reason(episode)
         if not keep:
             self.dropped[reason] += 1
@@ -255,6 +264,21 @@ class _Builder:
         if out:
             self.kept[reason] += 1
         return out
+
+    def _mcp_changed(self, episode: Episode) -> bool:
+        """Count the MCP tool versions the episode used; True when one differs from the server's tools now."""
+        ident = episode.metadata.get("mcp") if isinstance(episode.metadata, dict) else None
+        if not isinstance(ident, dict) or not isinstance(ident.get("tools"), dict):
+            return False
+        server = ident.get("name") or ident.get("server") or "?"
+        versions = self.report.mcp_tool_versions.setdefault(server, {})
+        for tool, digest in ident["tools"].items():
+            counts = versions.setdefault(tool, {})
+            counts[digest] = counts.get(digest, 0) + 1
+        if self.mcp_current is None or server not in self.mcp_current:
+            return False
+        now = self.mcp_current[server]
+        return any(now.get(tool) != digest for tool, digest in ident["tools"].items())
 
     def _too_long(self, sample: Sample) -> bool:
         return len(self.renderer.sample_ids(sample.messages, sample.weights)[0]) > self.max_len  # type: ignore[operator]
@@ -306,6 +330,7 @@ def build_dataset(
     skip_bad: bool = False,
     renderer: Renderer | None = None,
     bfcl_check: bool = True,
+    mcp_current: dict[str, dict[str, str]] | None = None,
 ) -> BuildReport:
     """Build `samples.jsonl`, `tokenized.jsonl`, `data_card.json` and `build_report.json` in `out_dir`.
 
@@ -316,6 +341,8 @@ def build_dataset(
         max_seq_length: the token limit; longer episodes are windowed with the harness's memory code.
         skip_bad: count and skip malformed lines instead of stopping at the first.
         renderer: a ready `Renderer` (tests and the main job reuse one).
+        mcp_current: server name -> tool -> definition hash of an MCP server's tools now
+            (`agentrig.mcp.client.current_tool_hashes`); episodes that used another version are dropped.
         bfcl_check: refuse samples whose user text is a BFCL question (skipped with a warning when the
             bfcl-eval data is not installed).
     """
@@ -328,12 +355,18 @@ def build_dataset(
     report = BuildReport([str(p) for p in paths], str(out), model, renderer.template_name, max_seq_length)
     is_bfcl = bfcl_checker() if bfcl_check else None
     report.bfcl_check = "on" if is_bfcl is not None else ("not installed" if bfcl_check else "off")
-    builder = _Builder(renderer, max_seq_length, report, is_bfcl)
+    builder = _Builder(renderer, max_seq_length, report, is_bfcl, mcp_current)
     built: list[BuiltSample] = []
     for record in read_records(paths, skip_bad, report):
         built.extend(builder.add(record))
     report.kept = dict(builder.kept)
     report.dropped = dict(builder.dropped)
+    report.mcp_changed_tools = [f"{server}/{tool}" for server, tools in report.mcp_tool_versions.items()
+                                for tool, hashes in tools.items() if len(hashes) > 1]
+    if report.mcp_changed_tools and mcp_current is None:
+        log.warning("MCP tools in more than one version across the inputs (the server changed between "
+                    "collections): %s; pass --mcp-server SPEC to keep only episodes that match its tools now",
+                    ", ".join(report.mcp_changed_tools))
     report.samples = len(built)
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "samples.jsonl", (b.sample.to_dict() for b in built))

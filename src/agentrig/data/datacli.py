@@ -30,6 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--format", dest="formats", action="append", default=[],
                    choices=["trl", "llamafactory", "axolotl", "openai"], help="also export (repeatable) to DIR/exports/FORMAT")
     b.add_argument("--no-bfcl-check", action="store_true", help="do not refuse samples whose user text is a BFCL question")
+    b.add_argument("--mcp-server", default=None, metavar="SPEC",
+                   help="drop episodes whose MCP tools differ from what this server lists now (mcp:stdio:CMD, "
+                   "mcp:http:URL or mcp:replay:FILE); without it, tools seen in two versions are only reported")
     i = sub.add_parser("inspect", help="print samples with supervised tokens highlighted, and the statistics")
     i.add_argument("path", metavar="FILE", help="a build folder, or its tokenized.jsonl")
     i.add_argument("--n", type=int, default=1, metavar="K", help="how many samples to print")
@@ -70,11 +73,19 @@ def _build(args: argparse.Namespace) -> int:
     from agentrig.data.exports import export_samples
     from agentrig.data.samples import Sample
 
+    current = None
+    if args.mcp_server:
+        from agentrig.mcp.client import current_tool_hashes
+
+        current = current_tool_hashes(args.mcp_server)
     report = build_dataset(args.inputs, args.out, model=args.model, max_seq_length=args.max_seq_length,
-                           skip_bad=args.skip_bad, bfcl_check=not args.no_bfcl_check)
+                           skip_bad=args.skip_bad, bfcl_check=not args.no_bfcl_check, mcp_current=current)
     print(f"{report.samples} samples from {report.episodes} episodes -> {args.out}")
     print(f"kept {report.kept}, dropped {report.dropped}, skipped lines {report.lines_skipped}, "
           f"windowed {report.episodes_windowed}, calls normalized {report.calls_normalized}")
+    if report.mcp_changed_tools:
+        print(f"MCP tools seen in more than one version: {', '.join(report.mcp_changed_tools)}"
+              + ("" if current else " (pass --mcp-server SPEC to keep only the current version)"))
     if args.formats:
         samples = [Sample.from_dict(row) for row in read_jsonl(Path(args.out) / "samples.jsonl")]
         for fmt in args.formats:

@@ -6,6 +6,8 @@
 - `replay.py`: the record/replay file of a collection's tool results (`--env mcp:replay:FILE`);
 - `server.py`: `agentrig mcp serve`, an environment's tools served over MCP.
 
+May import: `agentrig.harness`, `agentrig.envs` and the top-level helpers. Three edges come in, each inside
+the function that needs it: `ToolSet.from_mcp`, `load_env("mcp:...")` and `data build --mcp-server`.
 Needs the `mcp` package (2.x, `pip install 'agentrig[mcp]'`); nothing here imports it before it is used.
 See docs/mcp.md.
 """

@@ -349,6 +349,25 @@ class MCPClient:
                 "version": self.server_info.get("version", ""), "tools": hashes}
 
 
+def current_tool_hashes(server: str) -> dict[str, dict[str, str]]:
+    """`{server name: {tool: hash}}` of what an MCP server (a spec, or `replay:FILE`) lists now, for the data
+    build's check that episodes used the tools as they are today."""
+    if server.startswith("mcp:"):
+        server = server[len("mcp:"):]
+    if server.startswith("replay:"):
+        from agentrig.mcp.replay import Recording, ReplayClient
+
+        client: Any = ReplayClient(Recording(server[len("replay:"):]), "")
+    else:
+        client = MCPClient(server).start()
+    try:
+        client.list_tools()
+        ident = client.identity()
+    finally:
+        client.close()
+    return {ident["name"] or ident["server"]: ident["tools"]}
+
+
 def _describe(exc: BaseException) -> str:
     """One line for an exception, unwrapping task-group exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:

@@ -278,8 +278,37 @@ class MCPEnv(Environment):
         return ReferencePolicy()
 
 
+FAILED_PREFIXES = ("Error:", "Tool execution failed:", "No result")  # how the harness and its faults say a call failed
+MAX_RETRIES = 2  # the recovery rule's "retry once" and a second try, then the reference moves on
+
+
+def _reference_position(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """(the reference step to play, how many times in a row the last one failed), from the conversation: a
+    turn whose tool results include a failure does not advance, so the reference retries it."""
+    position, retries = 0, 0
+    i = 0
+    while i < len(messages):
+        if messages[i].get("role") != "assistant":
+            i += 1
+            continue
+        j = i + 1
+        results = []
+        while j < len(messages) and messages[j].get("role") == "tool":
+            results.append(str(messages[j].get("content") or ""))
+            j += 1
+        failed = any(r.startswith(FAILED_PREFIXES) for r in results)
+        if failed and retries < MAX_RETRIES:
+            retries += 1
+        else:
+            position, retries = position + 1, 0
+        i = j
+    return position, retries
+
+
 class ReferencePolicy:
-    """Plays a task's `reference`: step k of the episode is reference step k, written in the request's protocol."""
+    """Plays a task's `reference` in the request's protocol: the next step after each turn whose calls all
+    succeeded; a turn with a failed call (an injected fault, a server error) is sent again, up to
+    `MAX_RETRIES` times, so collecting with `--faults` gives recovery episodes."""
 
     def generate(self, request: Any) -> str:
         from agentrig.harness.protocol import get_protocol
@@ -288,9 +317,10 @@ class ReferencePolicy:
         if not ref:
             raise ConfigError(f"task {request.task.id!r} has no 'reference' steps, so --teacher expert cannot "
                               "play it; give it a reference or use --teacher model / --teacher openai")
-        if request.step >= len(ref):
+        position, _ = _reference_position(request.messages)
+        if position >= len(ref):
             return ref[-1].get("answer", "I could not finish this task.")
-        step = ref[request.step]
+        step = ref[position]
         if "answer" in step:
             return step["answer"]
         calls = [ToolCall(id=f"ref{request.step}_{k}", name=harness_name(c["name"]), arguments=c.get("arguments", {}))
