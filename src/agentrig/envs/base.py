@@ -130,6 +130,42 @@ HONEST_MARKERS = ("could not", "couldn't", "cannot", "can't", "no customer", "no
 _NUMBER = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
 
 
+def check_no_tool_and_impossible(exp: Mapping[str, Any], prompt: str, answer: str, episode: Any, res: CheckResult,
+                                 unavailable: str = "the data is not available",
+                                 ignore: "re.Pattern[str] | None" = None) -> None:
+    """The shared rules for `no_tool` tasks (no call, a non-empty answer) and `impossible` ones (no number
+    the prompt did not give, and an honest answer that says `unavailable`); `ignore` masks text (dates) out of
+    the number comparison. Adds the reasons to `res`."""
+    calls = [c for s in episode.steps for c in s.calls]
+    if exp.get("no_tool") and calls:
+        res.forbidden.append("tool call on a request that needs no tool")
+        res.reasons.append(f"{len(calls)} tool call(s) on a request that needs no tool")
+    if exp.get("no_tool") and not answer.strip():
+        res.reasons.append("empty answer")
+    if exp.get("impossible"):
+        strip = (lambda t: ignore.sub(" ", t)) if ignore is not None else (lambda t: t)
+        allowed = set(numbers_in(strip(prompt)))
+        invented = [n for n in numbers_in(strip(answer)) if n not in allowed]
+        if invented:
+            res.invented_numbers = invented
+            res.reasons.append(f"invented number(s) {invented} on an impossible task")
+        if not any(m in answer.lower() for m in HONEST_MARKERS):
+            res.reasons.append(f"the answer does not say that {unavailable}")
+
+
+def settle(res: CheckResult, episode: Any, answer: str) -> CheckResult:
+    """Success when no reason was added; otherwise whether it is an honest failure: tools failed under the
+    agent, it said so, and it did nothing forbidden and invented nothing (kept for training)."""
+    res.success = not res.reasons
+    if res.success:
+        res.reasons.append("all requirements met")
+    else:
+        tools_failed = bool(episode.faults) or any(not r.ok for s in episode.steps for r in s.results)
+        res.honest_failure = (episode.termination == "final_answer" and tools_failed and not res.forbidden
+                              and not res.invented_numbers and any(m in answer.lower() for m in HONEST_MARKERS))
+    return res
+
+
 def numbers_in(text: str) -> list[float]:
     """Every number written in `text` ("12,345.67", "-3", "0.5"), thousands separators removed."""
     return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text or "")]
