@@ -140,3 +140,30 @@ def test_the_report_names_families_where_training_lost_ground():
     assert below_base(base, trained) == ("families where the trained adapter completes less than the base model: "
                                          "no_tool (1/2 vs base 2/2)")
     assert below_base(base, base) == "no family where the trained adapter completes less than the base model"
+
+
+FS_BIN = REPO / ".venv" / "npm" / "node_modules" / ".bin" / "mcp-server-filesystem"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FS_BIN.exists(), reason="the MCP filesystem server is not installed (`make setup` with npm)")
+def test_tiny_main_job_on_an_mcp_server(tmp_path):
+    """`agentrig run --env mcp:... --tasks ...`: every stage on the reference filesystem server's real tools, the
+    model teacher (DPO rollouts) included; no dev tasks in the file, so no curve; evaluation on its test split."""
+    import shutil
+
+    pytest.importorskip("mcp")
+    files = tmp_path / "files"
+    shutil.copytree(REPO / "examples" / "mcp" / "files", files)
+    cfg = RunConfig(out=str(tmp_path / "run"), profile="tiny", workers=1, env=f"mcp:stdio:{FS_BIN} {files}",
+                    tasks=str(REPO / "examples" / "mcp" / "files_tasks.jsonl"))
+    done = run_main_job(cfg)
+    assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"}
+    assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes and done["collect"]["successes"] >= 20
+    assert done["eval"]["splits"] == ["test"]
+    payload = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    assert set(payload["results"]) == {"base", "sft"}
+    rollouts = (tmp_path / "run" / "collect" / "rollouts.jsonl").read_text().splitlines()
+    assert len(rollouts) == PROFILES["tiny"].rollout_episodes
+    assert all(json.loads(line)["metadata"]["mcp"]["name"] == "secure-filesystem-server" for line in rollouts)
+    assert "evaluation on test with" in (tmp_path / "run" / "report.md").read_text()

@@ -129,9 +129,12 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
              episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
     from agentrig.data.collect import CollectConfig, run_collect
 
+    from agentrig.envs import load_env
+
     out = root / "collect" / f"{name}.jsonl"
+    renames = teacher == "expert" and bool(load_env(cfg.env, cfg.tasks).tool_aliases)  # an env without aliases: none
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
-                         faults=prof.faults, rename=prof.rename if teacher == "expert" else 0.0, seed=cfg.seed,
+                         faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing, **extra)
     summary = run_collect(ccfg, resume=out.exists(), progress=True)
