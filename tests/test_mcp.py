@@ -359,14 +359,38 @@ def test_reference_teacher_retries_a_faulted_call_into_a_recovery(tmp_path):
 
 
 @needs_fs
+def test_each_episode_gets_its_own_sandbox_folder(tmp_path):
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "a.txt").write_text("A")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "w", "split": "test", "prompt": "Write b.txt.",
+                                 "allowed_tools": ["write_file", "list_directory"]}) + "\n")
+    env = load_env(f"mcp:stdio:{FS_BIN} {{sandbox:{template}}}", tasks=str(tasks))
+    task = env.tasks("test", 1)[0]
+    tools, state = env.setup(task)
+    assert state.sandbox is not None and state.sandbox != template
+    assert tools.execute(ToolCall("1", "write_file", {"path": "b.txt", "content": "B"})).ok
+    assert (state.sandbox / "b.txt").read_text() == "B" and not (template / "b.txt").exists()
+    env.close(state)
+    assert not state.sandbox.exists()
+    tools2, state2 = env.setup(task)  # the next episode starts from the template again
+    try:
+        assert tools2.execute(ToolCall("2", "list_directory", {"path": "."})).content == "[FILE] a.txt"
+    finally:
+        env.close(state2)
+    with pytest.raises(ConfigError, match="is not a folder"):
+        load_env(f"mcp:stdio:{FS_BIN} {{sandbox:{tmp_path / 'nope'}}}", tasks=str(tasks)).setup(task)
+
+
+@needs_fs
 def test_the_documented_example_completes_with_its_reference_teacher(tmp_path):
-    root = tmp_path / "files"
-    shutil.copytree(ROOT / "examples" / "mcp" / "files", root)
+    root = "{sandbox:" + str(ROOT / "examples" / "mcp" / "files") + "}"
     proc = subprocess.run([sys.executable, "-m", "agentrig", "eval", "--env", f"mcp:stdio:{FS_BIN} {root}", "--tasks",
                            str(ROOT / "examples" / "mcp" / "files_tasks.jsonl"), "--split", "train,test",
                            "--policy", "expert", "--out", str(tmp_path / "ev")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "(14/14)" in proc.stdout and (root / "reminder.txt").read_text() == "Send invites by Friday"
+    assert "(14/14)" in proc.stdout and not (ROOT / "examples" / "mcp" / "files" / "reminder.txt").exists()
 
 
 def test_chat_tools_from_an_mcp_server_are_denied_by_default():

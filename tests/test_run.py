@@ -150,11 +150,8 @@ FS_BIN = REPO / ".venv" / "npm" / "node_modules" / ".bin" / "mcp-server-filesyst
 def test_tiny_main_job_on_an_mcp_server(tmp_path):
     """`agentrig run --env mcp:... --tasks ...`: every stage on the reference filesystem server's real tools, the
     model teacher (DPO rollouts) included; no dev tasks in the file, so no curve; evaluation on its test split."""
-    import shutil
-
     pytest.importorskip("mcp")
-    files = tmp_path / "files"
-    shutil.copytree(REPO / "examples" / "mcp" / "files", files)
+    files = "{sandbox:" + str(REPO / "examples" / "mcp" / "files") + "}"  # a fresh copy per episode
     cfg = RunConfig(out=str(tmp_path / "run"), profile="tiny", workers=1, env=f"mcp:stdio:{FS_BIN} {files}",
                     tasks=str(REPO / "examples" / "mcp" / "files_tasks.jsonl"))
     done = run_main_job(cfg)

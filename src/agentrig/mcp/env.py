@@ -6,7 +6,10 @@
 
 Each episode opens its own MCP session (for stdio, its own server process), so a server that crashed or
 hung in one episode is started afresh for the next, and a server that keeps state per session gives every
-episode a fresh one. A task line (docs/mcp.md has the full reference):
+episode a fresh one. State a stdio server keeps in files gets the same with a sandbox: `{sandbox}` in the
+command is a new empty temporary folder per episode, `{sandbox:TEMPLATE}` a fresh copy of the folder
+TEMPLATE (`mcp:stdio:"mcp-server-filesystem {sandbox:examples/mcp/files}"`); the server starts in it, the
+read-back runs in it, and it is removed when the episode closes. A task line (docs/mcp.md has the full reference):
 
     {"id": "fs-1", "split": "train", "prompt": "What does notes.txt say?", "allowed_tools": ["read_text_file"],
      "read_only_tools": ["read_text_file"],
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,33 @@ class MCPState:
 
     client: Any
     names: dict[str, str]  # harness name -> MCP name, for the tools offered
+    sandbox: Path | None = None  # the episode's own folder (`{sandbox}` in the server command), removed at close
+
+
+SANDBOX = re.compile(r"\{sandbox(?::([^}]*))?\}")
+
+
+def open_sandbox(command: str) -> tuple[str, Path | None]:
+    """`command` with every `{sandbox}` / `{sandbox:TEMPLATE}` replaced by a fresh temporary folder (a copy of
+    TEMPLATE when given), and that folder; `(command, None)` when it has none."""
+    templates = {m.group(1) for m in SANDBOX.finditer(command) if m.group(1)}
+    if not SANDBOX.search(command):
+        return command, None
+    if len(templates) > 1:
+        raise ConfigError(f"the server command names two sandbox templates ({', '.join(sorted(templates))}); "
+                          "one episode has one sandbox")
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="agentrig-mcp-"))
+    if templates:
+        template = Path(next(iter(templates))).expanduser()
+        if not template.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ConfigError(f"sandbox template {template} is not a folder (from {{sandbox:{template}}} in the "
+                              "server command)")
+        shutil.copytree(template, folder, dirs_exist_ok=True)
+    return SANDBOX.sub(lambda _: shlex.quote(str(folder)), command), folder
 
 
 def _task_error(path: Path, line: int, text: str) -> ConfigError:
@@ -189,21 +220,50 @@ class MCPEnv(Environment):
             return RecordingClient(client, self.record, task_id)
         return client
 
+    def _open(self, task_id: str) -> tuple[Any, Path | None]:
+        """The session for one episode, in its own sandbox folder when the command asks for one."""
+        sandbox = None
+        if self.server is not None and self.server.transport == "stdio":
+            command, sandbox = open_sandbox(self.server.target)
+            if sandbox is not None:
+                spec = ServerSpec("stdio", command)
+                try:
+                    client = MCPClient(spec, cwd=str(sandbox)).start()
+                except BaseException:
+                    import shutil
+
+                    shutil.rmtree(sandbox, ignore_errors=True)
+                    raise
+                if self.record is not None:
+                    from agentrig.mcp.replay import RecordingClient
+
+                    client = RecordingClient(client, self.record, task_id)
+                return client, sandbox
+        return self.connect(task_id), None
+
     def setup(self, task: TaskSpec) -> tuple[ToolSet, MCPState]:
         """A fresh session and the task's allowed tools from it."""
         base_id = task.id.split("~")[0]
-        client = self.connect(base_id)
+        client, sandbox = self._open(base_id)
         try:
             allowed = task.metadata.get("mcp_allowed", task.allowed_tools)
             tools = mcp_tools(client, allowed, task.metadata.get("read_only_tools", []), self.timeout_s)
         except BaseException:
             client.close()
+            if sandbox is not None:
+                import shutil
+
+                shutil.rmtree(sandbox, ignore_errors=True)
             raise
         names = {harness_name(n): n for n in (t["name"] for t in client.list_tools())}
-        return ToolSet(tools), MCPState(client, names)
+        return ToolSet(tools), MCPState(client, names, sandbox)
 
     def close(self, state: MCPState) -> None:
         state.client.close()
+        if state.sandbox is not None:
+            import shutil
+
+            shutil.rmtree(state.sandbox, ignore_errors=True)
 
     def check(self, task: TaskSpec, state: MCPState, episode: Episode) -> CheckResult:
         """The file's expectations against the answer, the calls and a read-back (see the module docstring)."""
