@@ -91,11 +91,17 @@ def _task_error(path: Path, line: int, text: str) -> ConfigError:
 def load_tasks(path: str | Path) -> list[dict[str, Any]]:
     """The task lines of a tasks file, checked; a wrong line is an error naming the line and what to fix."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"tasks file {path} is a folder; --tasks takes a JSONL file of tasks (docs/mcp.md)")
     if not path.is_file():
         raise ConfigError(f"tasks file {path} does not exist (an MCP environment needs --tasks FILE.jsonl)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"tasks file {path} is binary, not JSONL text (gzipped? unpack it first)") from None
     out: list[dict[str, Any]] = []
     ids: set[str] = set()
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

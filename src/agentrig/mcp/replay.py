@@ -105,7 +105,11 @@ class Recording:
         self.server: dict[str, Any] | None = None
         self.by_task: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         self.any_task: dict[str, dict[str, Any]] = {}
-        for i, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"MCP replay file {self.path} is binary, not JSONL text") from None
+        for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
