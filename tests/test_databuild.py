@@ -75,6 +75,35 @@ def test_cleaning_reasons_are_counted(tmp_path, renderer):
     assert json.loads((out / "build_report.json").read_text())["dropped"]["duplicate"] == 1
 
 
+def _renumber_calls(episode, prefix):
+    """The same episode with other tool-call ids (as a window starting at another step has): nothing rendered changes."""
+    for m in episode.messages_full:
+        for c in m.get("tool_calls") or []:
+            c["id"] = prefix + c["id"]
+        if m["role"] == "tool":
+            m["tool_call_id"] = prefix + m["tool_call_id"]
+    for step in episode.steps:
+        for c in step.calls:
+            c.id = prefix + c.id
+        for r in step.results:
+            r.call_id = prefix + r.call_id
+    return episode
+
+
+def test_duplicates_are_found_by_their_tokens_and_ids_stay_unique(tmp_path, renderer):
+    same_tokens = _renumber_calls(success_episode(episode_id="again"), "x")  # other ids, other episode id
+    assert same_tokens.messages_full[2]["tool_calls"][0]["id"] != success_episode().messages_full[2]["tool_calls"][0]["id"]
+    other_text = success_episode(prompt="How many A-1 do we hold?")  # the same episode id as the first, new content
+    report, out = build(tmp_path, renderer, [success_episode(), same_tokens, other_text, other_text])
+    assert report.dropped == {"duplicate": 2}
+    ids = [s["sample_id"] for s in rows(out / "samples.jsonl")]
+    assert ids == [success_episode().episode_id, success_episode().episode_id + "#2"]
+    assert [t["sample_id"] for t in rows(out / "tokenized.jsonl")] == ids
+    assert report.sample_ids_renamed == 1
+    tokens = [t["input_ids"] for t in rows(out / "tokenized.jsonl")]
+    assert tokens[0] != tokens[1]
+
+
 def test_bfcl_questions_are_refused(tmp_path, renderer):
     from agentrig.bfcl.data import bfcl_questions
 

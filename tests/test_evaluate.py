@@ -183,6 +183,24 @@ def test_eval_cli_against_an_openai_compatible_server(tmp_path: Path, capsys) ->
     assert server.requests[0]["model"] == "teacher"
 
 
+def test_eval_cli_tool_format_shapes_the_requests(tmp_path: Path) -> None:
+    from test_openai_policy import FakeServer
+
+    from agentrig.cli import main
+
+    server = FakeServer(lambda body, headers: (200, {"choices": [{"message": {"role": "assistant", "content": "No."}}]}))
+    try:
+        code = main(["eval", "--base-url", server.url, "--model", "tuned", "--tool-format", "native", "--env",
+                     f"{__file__}:make_env", "--split", "test", "--limit", "1", "--out", str(tmp_path / "e")])
+    finally:
+        server.close()
+    assert code == 0
+    body = server.requests[0]
+    assert [t["function"]["name"] for t in body["tools"]]  # the tools go in `tools`, not in the system prompt
+    assert "<tools>" not in body["messages"][0]["content"]
+    assert json.loads((tmp_path / "e" / "metrics.json").read_text())["config"]["tool_format"] == "native"
+
+
 @pytest.mark.slow
 def test_real_smollm2_episodes_on_datadesk() -> None:
     """A few real SmolLM2-135M episodes, batched, on both test splits: every one runs, is checked and measured."""

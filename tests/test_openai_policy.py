@@ -188,3 +188,60 @@ def test_drives_a_whole_episode_through_the_harness(serve) -> None:
     second = server.requests[1]["messages"]
     assert second[0]["content"] == episode.system_prompt
     assert second[-1]["role"] == "tool"
+
+
+def _episode_requests(serve, tool_format: str, first_reply: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """A two-step episode (one call, then the answer) through the harness; the episode and the requests sent."""
+    def stock_level(sku: str) -> dict:
+        return {"sku": sku, "units": 4}
+
+    schema = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+    tools = ToolSet([Tool.from_schema("stock_level", "Units in stock.", schema, stock_level)])
+
+    def answer(body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        return 200, first_reply if len(server.requests) == 1 else _completion("There are 4 units of A.")
+
+    server = serve(answer)
+    policy = OpenAIPolicy(server.url, "m", tool_format=tool_format)
+    episode = run_episode(TaskSpec(id="t", prompt="How many units of A?"), tools, policy, HarnessConfig(memory=False))
+    assert episode.termination == "final_answer" and episode.steps[0].results[0].ok
+    return episode, server.requests
+
+
+def test_native_tool_format_sends_tools_and_native_calls(serve) -> None:
+    from agentrig.harness.protocol import native_system_prompt
+
+    call = [{"id": "c", "type": "function", "function": {"name": "stock_level", "arguments": '{"sku": "A"}'}}]
+    episode, requests = _episode_requests(serve, "native", _completion(None, call, finish="tool_calls"))
+    assert requests[0]["tools"] == episode.tools and requests[1]["tools"] == episode.tools
+    system = requests[1]["messages"][0]["content"]
+    assert system == native_system_prompt(episode.system_prompt)
+    assert "<tools>" not in system and "<tool_call>" not in system and "Rules:" in system
+    assistant, tool = requests[1]["messages"][2:]
+    assert assistant["tool_calls"][0]["function"] == {"name": "stock_level", "arguments": '{"sku": "A"}'}
+    assert tool == {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "content": tool["content"]}
+
+
+def test_hermes_tool_format_sends_text_both_ways(serve) -> None:
+    text = '<tool_call>\n{"name": "stock_level", "arguments": {"sku": "A"}}\n</tool_call>'
+    episode, requests = _episode_requests(serve, "hermes", _completion(text))
+    assert all("tools" not in r for r in requests)
+    system, user, assistant, result = requests[1]["messages"]
+    assert system["content"] == episode.system_prompt and user["role"] == "user"
+    assert assistant == {"role": "assistant", "content": text}  # the call as the model wrote it, no tool_calls
+    assert result == {"role": "user", "content": f"<tool_response>\n{episode.steps[0].results[0].content}\n</tool_response>"}
+
+
+def test_tool_format_errors_are_clear() -> None:
+    from agentrig.harness.memory import with_memory
+    from agentrig.harness.protocol import get_protocol, native_system_prompt
+
+    with pytest.raises(OpenAIPolicyError, match="choose one of: harness, hermes, native"):
+        OpenAIPolicy("http://127.0.0.1:9/v1", "m", tool_format="openai")
+    with pytest.raises(OpenAIPolicyError, match="converts Hermes messages, but the protocol is 'llama31'"):
+        OpenAIPolicy("http://127.0.0.1:9/v1", "m", tool_format="native", protocol="llama31")
+    prompt = get_protocol("llama31").system_prompt([], HarnessConfig())
+    with pytest.raises(ValueError, match="not the Hermes protocol's"):
+        native_system_prompt(prompt)
+    hermes = with_memory(get_protocol("hermes").system_prompt([], HarnessConfig()), ["A-1 has 7 units"])
+    assert native_system_prompt(hermes).endswith("- A-1 has 7 units")  # the memory area stays

@@ -29,3 +29,11 @@ def test_local_spec_passes_only_the_given_settings_to_from_pretrained(monkeypatc
     monkeypatch.setattr(HFPolicy, "from_pretrained", classmethod(lambda cls, *a, **kw: seen.append((a, kw)) or "p"))
     assert load_policy(PolicySpec("smollm2-135m", adapters={"sft": "dir"}, max_new_tokens=48, seed=1)) == "p"
     assert seen == [(("smollm2-135m", {"sft": "dir"}), {"max_new_tokens": 48, "seed": 1})]
+
+
+def test_tool_format_reaches_an_endpoint_and_is_refused_for_a_local_model():
+    policy = load_policy(PolicySpec("tuned", base_url="http://127.0.0.1:9/v1", tool_format="native"))
+    assert policy.tool_format == "native"
+    assert load_policy(PolicySpec("served", base_url="http://127.0.0.1:9/v1")).tool_format == "harness"
+    with pytest.raises(ConfigError, match="is how requests go to an endpoint"):
+        load_policy(PolicySpec("smollm2-135m", tool_format="hermes"))

@@ -2,7 +2,8 @@
 
 The recipe, per input line: read and validate (a bad line is a `DataError` naming file and line, or a
 counted skip with `skip_bad`); clean (keep successes, recoveries and labelled honest failures; drop
-episodes whose results do not answer their calls; normalize calls; drop duplicates and BFCL questions);
+episodes whose results do not answer their calls; normalize calls; drop duplicates (the same tokens and
+labels as a kept sample) and BFCL questions; an id already taken gets `#2`, `#3`, ...);
 refuse episodes from an MCP server whose tools changed since they were collected (`mcp_current`: the
 hashes of the server's tools now, `agentrig data build --mcp-server SPEC`), and without it report every
 tool that appears in more than one version across the inputs (`mcp_tool_versions`, with a warning);
@@ -72,6 +73,7 @@ class BuildReport:
     calls_normalized: int = 0
     episodes_windowed: int = 0
     samples: int = 0
+    sample_ids_renamed: int = 0  # kept samples whose id another kept sample had: `#2`, `#3`, ... appended
     bfcl_check: str = "on"
     mcp_tool_versions: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # server -> tool -> hash -> n
     mcp_changed_tools: list[str] = field(default_factory=list)  # "server/tool" seen in more than one version
@@ -215,7 +217,8 @@ class _Builder:
         self.max_len = max_seq_length
         self.report = report
         self.is_bfcl = is_bfcl
-        self.seen: set[str] = set()
+        self.seen: set[str] = set()  # hashes of the kept samples' tokens and labels
+        self.ids: set[str] = set()  # the kept samples' ids
         self.kept: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
 
@@ -295,17 +298,16 @@ class _Builder:
             self.dropped["bfcl_contamination"] += 1
             log.warning("sample %s: its user text is a BFCL test question; not trained on", sample.sample_id)
             return None
-        key = hashlib.sha1(
-            json.dumps([sample.messages, sample.tools, sample.weights], sort_keys=True, ensure_ascii=False).encode()
-        ).hexdigest()
-        if key in self.seen:
-            self.dropped["duplicate"] += 1
-            return None
-        self.seen.add(key)
         try:
             rendered = self.renderer.sample_turns(sample.messages, sample.weights)
         except RenderError as exc:
             raise BuildCheckError(f"sample {sample.sample_id}: {exc}") from None
+        # A duplicate is what trains the same: the same tokens and labels. Tool-call ids are not rendered, so
+        # windows that differ only in them (their step numbers) are duplicates too.
+        key = hashlib.sha1(json.dumps([rendered.input_ids, rendered.labels]).encode()).hexdigest()
+        if key in self.seen:
+            self.dropped["duplicate"] += 1
+            return None
         turns = check_masks(sample.sample_id, rendered, sample.weights, self.renderer.eot_id)
         if turns == 0:
             self.dropped["no_supervised_turns"] += 1
@@ -317,6 +319,14 @@ class _Builder:
                 f"sample {sample.sample_id} has {len(rendered.input_ids)} tokens after windowing, more than "
                 f"--max-seq-length {self.max_len}: one turn alone is too long; raise the limit"
             )
+        self.seen.add(key)
+        if sample.sample_id in self.ids:  # another kept sample has this id (inputs whose episode ids collide)
+            n = 2
+            while f"{sample.sample_id}#{n}" in self.ids:
+                n += 1
+            sample.sample_id = f"{sample.sample_id}#{n}"
+            self.report.sample_ids_renamed += 1
+        self.ids.add(sample.sample_id)
         sample.metadata.update(tokens=len(rendered.input_ids), supervised_tokens=len(rendered.labels) - rendered.labels.count(IGNORE_INDEX),
                                supervised_turns=turns)
         return BuiltSample(sample, rendered)

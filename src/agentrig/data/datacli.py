@@ -29,6 +29,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--skip-bad", action="store_true", help="skip malformed lines and count them instead of stopping")
     b.add_argument("--format", dest="formats", action="append", default=[],
                    choices=["trl", "llamafactory", "axolotl", "openai"], help="also export (repeatable) to DIR/exports/FORMAT")
+    b.add_argument("--llamafactory-layout", default="chatml", choices=["chatml", "sharegpt"],
+                   help="chatml (default): the training text, agentrig's tokens under LLaMA-Factory's `empty` "
+                   "template; sharegpt: readable roles for its `qwen` template (other tokens: docs/data.md)")
+    b.add_argument("--openai-tools", default="native", choices=["native", "hermes"],
+                   help="the OpenAI export's tool format; run the tuned model with `eval --tool-format` the same")
     b.add_argument("--no-bfcl-check", action="store_true", help="do not refuse samples whose user text is a BFCL question")
     b.add_argument("--mcp-server", default=None, metavar="SPEC",
                    help="drop episodes whose MCP tools differ from what this server lists now (mcp:stdio:CMD, "
@@ -90,7 +95,8 @@ def _build(args: argparse.Namespace) -> int:
         samples = [Sample.from_dict(row) for row in read_jsonl(Path(args.out) / "samples.jsonl")]
         for fmt in args.formats:
             er = export_samples(samples, fmt, Path(args.out) / "exports" / fmt, model=args.model,
-                                max_seq_length=args.max_seq_length or 4096)
+                                max_seq_length=args.max_seq_length, llamafactory_layout=args.llamafactory_layout,
+                                openai_tools=args.openai_tools)
             print(f"export {fmt}: {er.samples} samples, {er.changed} changed {er.changes or ''}, "
                   f"{er.weight0_trained} with detour turns the format cannot mask -> {er.out_dir}")
     return 0

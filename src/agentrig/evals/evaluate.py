@@ -159,6 +159,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default=None, help="evaluate a model behind an OpenAI-compatible endpoint instead")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     parser.add_argument("--concurrency", type=int, default=8, help="parallel requests with --base-url")
+    parser.add_argument("--tool-format", default="harness", choices=["harness", "hermes", "native"],
+                        help="how requests to --base-url carry tools: `harness` (default): the harness's messages, "
+                             "for servers rendering with the training template; `hermes` / `native`: the form of a "
+                             "model tuned on `data build --format openai --openai-tools hermes|native`")
     parser.add_argument("--out", required=True, help="output folder")
 
 
@@ -217,7 +221,8 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError("--adapter/--route load local adapters; with --base-url choose the adapter by --model")
         policy = load_policy(PolicySpec(args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                                         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                        protocol=harness.protocol, concurrency=args.concurrency, seed=args.seed))
+                                        protocol=harness.protocol, concurrency=args.concurrency, seed=args.seed,
+                                        tool_format=args.tool_format))
         variants = {args.model: None}
     else:
         policy = load_policy(PolicySpec(args.model, adapters=adapters, max_new_tokens=args.max_new_tokens,
@@ -235,7 +240,8 @@ def main(args: argparse.Namespace) -> int:
 
     metric_sets = {name: r.metrics for name, r in results.items()}
     policy_config = {"policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
-                     "base_url": args.base_url, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
+                     "base_url": args.base_url, "tool_format": args.tool_format if args.base_url else None,
+                     "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
     write_metrics(out, {name: config for name in results}, results, policy_config)
     last = list(results.values())[-1]
     who = "the expert teacher" if args.policy == "expert" else args.model

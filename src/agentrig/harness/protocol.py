@@ -230,6 +230,12 @@ class OutputProtocol(abc.ABC):
         return "\n".join(lines)
 
 
+HERMES_INTRO = "You are a function-calling agent. Solve the user's task with the tools below, then answer.\n"
+HERMES_CALL_SYNTAX = ("To call a tool, write a JSON object inside <tool_call></tool_call> tags:\n"
+                      '<tool_call>\n{"name": <tool-name>, "arguments": <args-json-object>}\n</tool_call>\n')
+NATIVE_INTRO = "You are a function-calling agent. Solve the user's task with the tools you are given, then answer.\n"
+
+
 class HermesProtocol(OutputProtocol):
     """Hermes function calling: tools in `<tools>`, calls in `<tool_call>` JSON blocks."""
 
@@ -240,13 +246,7 @@ class HermesProtocol(OutputProtocol):
     def system_prompt(self, tools: list[dict[str, Any]], rules: RulesLike) -> str:
         """The Hermes system prompt for these tools and rules (tools listed as `rules.tool_listing` says)."""
         tool_lines = _tool_lines(tools, rules.tool_listing, "\n")
-        return (
-            "You are a function-calling agent. Solve the user's task with the tools below, then answer.\n"
-            f"<tools>\n{tool_lines}\n</tools>\n"
-            "To call a tool, write a JSON object inside <tool_call></tool_call> tags:\n"
-            '<tool_call>\n{"name": <tool-name>, "arguments": <args-json-object>}\n</tool_call>\n'
-            + self._rules_text(rules)
-        )
+        return f"{HERMES_INTRO}<tools>\n{tool_lines}\n</tools>\n{HERMES_CALL_SYNTAX}" + self._rules_text(rules)
 
     def format_calls(self, calls: list[ToolCall]) -> str:
         """One `<tool_call>` block per call, canonical JSON inside."""
@@ -368,3 +368,63 @@ def get_protocol(name: str) -> OutputProtocol:
 
         raise ConfigError(f"unknown protocol {name!r}; choose one of: {', '.join(PROTOCOLS)}")
     return PROTOCOLS[name]()
+
+
+# -- the harness's messages in an OpenAI request -----------------------------------------------------
+
+WIRE_FORMATS = ("harness", "hermes", "native")
+TOOL_RESPONSE_TEXT = "<tool_response>\n{content}\n</tool_response>"  # a result as the Hermes template wraps it
+
+
+def native_system_prompt(prompt: str) -> str:
+    """A Hermes system prompt without its tool list and call syntax, for a request whose `tools` field lists them.
+
+    The rules and the memory area stay. Raises ValueError when `prompt` is not laid out as
+    `HermesProtocol.system_prompt` writes it.
+    """
+    cut = "\n</tools>\n" + HERMES_CALL_SYNTAX
+    end = prompt.find(cut)
+    if not prompt.startswith(HERMES_INTRO + "<tools>\n") or end < 0:
+        raise ValueError(f"the system prompt is not the Hermes protocol's (it starts {prompt[:60]!r}): only a "
+                         "prompt that HermesProtocol.system_prompt wrote can have its tool list moved to `tools`")
+    return NATIVE_INTRO + prompt[end + len(cut):]
+
+
+def wire_messages(messages: list[dict[str, Any]], wire_format: str) -> list[dict[str, Any]]:
+    """The harness's (Hermes) messages as an OpenAI chat request carries them, one message for one.
+
+    - "harness": as they are (assistant `tool_calls`, `tool` results), for a server that renders them with
+      the chat template the training data was rendered with (`agentrig serve`, vLLM or SGLang with
+      `--chat-template`); no `tools` field goes with them: the system prompt lists the tools.
+    - "hermes": Hermes text both ways: each assistant turn's calls written into its text as the model
+      writes them, each tool result a user turn in `<tool_response>` tags; no `tools` field either.
+    - "native": OpenAI function calling both ways: the system prompt without its tool list and call
+      syntax (`native_system_prompt`; the request's `tools` field lists the tools), assistant
+      `tool_calls`, tool results with only `tool_call_id` and `content`.
+
+    The OpenAI fine-tuning export (`agentrig.data.exports`) and `OpenAIPolicy` both call this, so a
+    model tuned on an export is asked in the form it was tuned on.
+    """
+    if wire_format not in WIRE_FORMATS:
+        from agentrig.errors import ConfigError
+
+        raise ConfigError(f"unknown tool format {wire_format!r}; choose one of: {', '.join(WIRE_FORMATS)}")
+    if wire_format == "harness":
+        return list(messages)
+    out: list[dict[str, Any]] = []
+    hermes = HermesProtocol()
+    for k, msg in enumerate(messages):
+        role = msg.get("role")
+        if wire_format == "hermes" and role == "assistant":
+            calls = [ToolCall(c.get("id", ""), c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"))
+                     for c in msg.get("tool_calls") or []]
+            out.append({"role": "assistant", "content": hermes.assistant_text(msg.get("content") or "", calls)})
+        elif wire_format == "hermes" and role == "tool":
+            out.append({"role": "user", "content": TOOL_RESPONSE_TEXT.format(content=msg.get("content") or "")})
+        elif wire_format == "native" and role == "system" and k == 0:
+            out.append({**msg, "content": native_system_prompt(msg.get("content") or "")})
+        elif wire_format == "native" and role == "tool":
+            out.append({"role": "tool", "tool_call_id": msg.get("tool_call_id"), "content": msg.get("content") or ""})
+        else:
+            out.append(dict(msg))
+    return out

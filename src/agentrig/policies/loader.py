@@ -28,6 +28,7 @@ class PolicySpec:
     api_key_env: str | None = None  # endpoint only: the environment variable holding the key
     protocol: str | None = None  # endpoint only: the output protocol the replies are written in
     concurrency: int | None = None  # endpoint only: requests in flight
+    tool_format: str | None = None  # endpoint only: "harness", "hermes" or "native" (OpenAIPolicy's tool_format)
 
 
 def _given(**kwargs: Any) -> dict[str, Any]:
@@ -43,7 +44,10 @@ def load_policy(spec: PolicySpec) -> Any:
 
         return OpenAIPolicy(spec.base_url, spec.model, **_given(
             api_key_env=spec.api_key_env, temperature=spec.temperature, max_tokens=spec.max_new_tokens,
-            protocol=spec.protocol, concurrency=spec.concurrency, seed=spec.seed))
+            protocol=spec.protocol, concurrency=spec.concurrency, seed=spec.seed, tool_format=spec.tool_format))
+    if spec.tool_format not in (None, "harness"):
+        raise ConfigError(f"tool format {spec.tool_format!r} is how requests go to an endpoint (--base-url); a local "
+                          "model is always prompted with the training chat template")
     from agentrig.policies.hf_policy import HFPolicy
 
     return HFPolicy.from_pretrained(spec.model, spec.adapters, **_given(

@@ -1,11 +1,14 @@
 """`OpenAIPolicy`: a policy behind any OpenAI-compatible chat-completions endpoint.
 
 Works with vLLM or SGLang (a LoRA adapter is chosen by the `model` name the server registered it under),
-DeepSeek's API, or any server speaking `/v1/chat/completions`. The harness's messages already carry the
-protocol's system prompt with the tool list, so no `tools` field is sent and every server sees the same
-prompt a local model sees. When the server parsed tool calls itself (`message.tool_calls`), they are
-written back into the protocol's text form (`get_protocol(...).assistant_text`) so the harness parses
-one format; otherwise the message text is returned as is and the harness scans it for `<tool_call>` blocks.
+DeepSeek's API, or any server speaking `/v1/chat/completions`. By default (`tool_format="harness"`) the
+harness's messages go as they are: they already carry the protocol's system prompt with the tool list, so
+no `tools` field is sent and a server rendering with the training chat template sees the prompt a local
+model sees. A model fine-tuned on agentrig's OpenAI export is asked in the export's form instead
+(`tool_format="hermes"` or `"native"`, `agentrig.harness.protocol.wire_messages`, the one conversion both
+use). When the server parsed tool calls itself (`message.tool_calls`), they are written back into the
+protocol's text form (`get_protocol(...).assistant_text`) so the harness parses one format; otherwise the
+message text is returned as is and the harness scans it for `<tool_call>` blocks.
 
 `generate_batch` sends the requests concurrently from a thread pool. 429 and 5xx answers and connection
 errors are retried with exponential backoff; other errors raise `OpenAIPolicyError` with the server's
@@ -24,6 +27,7 @@ import httpx
 
 from agentrig.errors import AgentrigError
 from agentrig.harness import PolicyReply, PolicyRequest
+from agentrig.harness.protocol import WIRE_FORMATS, wire_messages
 from agentrig.harness.trajectory import ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -52,6 +56,13 @@ class OpenAIPolicy:
             result itself ends there, as with HFPolicy; the turn otherwise runs to its end, several tool
             calls included. When the server reports that it stopped at that string (vLLM's `stop_reason`),
             the string is put back on the text so the harness classifies the self-written result.
+        tool_format: how the messages and tools are sent. "harness": the harness's messages as they are, no
+            `tools` field (for servers rendering with the training chat template: `agentrig serve`, vLLM or
+            SGLang with `--chat-template`). "hermes": calls as `<tool_call>` text in the assistant turns,
+            results as user turns in `<tool_response>` tags, no `tools` (a model tuned on
+            `data build --format openai --openai-tools hermes`). "native": the `tools` field, native
+            `tool_calls`, the system prompt without its tool list (a model tuned on `--openai-tools
+            native`, or any model with native function calling). Needs protocol "hermes" unless "harness".
         concurrency: parallel requests in `generate_batch`.
         max_retries: retries of a 429/5xx/connection failure before giving up.
         backoff_s: first retry delay, doubled each retry.
@@ -72,6 +83,7 @@ class OpenAIPolicy:
         max_tokens: int = 512,
         protocol: str = "hermes",
         stop_at_response: bool = True,
+        tool_format: str = "harness",
         concurrency: int = 8,
         max_retries: int = 4,
         backoff_s: float = 1.0,
@@ -84,12 +96,18 @@ class OpenAIPolicy:
             raise OpenAIPolicyError(f"--base-url must start with http:// or https://, got {base_url!r}")
         if concurrency < 1:
             raise OpenAIPolicyError(f"concurrency must be at least 1, got {concurrency}")
+        if tool_format not in WIRE_FORMATS:
+            raise OpenAIPolicyError(f"unknown tool format {tool_format!r}; choose one of: {', '.join(WIRE_FORMATS)}")
+        if tool_format != "harness" and protocol != "hermes":
+            raise OpenAIPolicyError(f"tool format {tool_format!r} converts Hermes messages, but the protocol is "
+                                    f"{protocol!r}: use tool format 'harness' or protocol 'hermes'")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.protocol = protocol
         self.stop_at_response = stop_at_response
+        self.tool_format = tool_format
         self.concurrency = concurrency
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -104,10 +122,12 @@ class OpenAIPolicy:
         """One step: POST the request's messages and return the assistant turn in protocol text form."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": request.messages,
+            "messages": wire_messages(request.messages, self.tool_format),
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
+        if self.tool_format == "native":
+            body["tools"] = request.tools
         if self.stop_at_response:
             body["stop"] = [TOOL_RESPONSE_OPEN]
         if self.seed is not None:
