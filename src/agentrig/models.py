@@ -112,8 +112,12 @@ def quiet_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto") -> Any:
-    """Load a causal LM: fp32 on CPU, bf16 on GPUs that support it, unless `dtype` says otherwise."""
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto", **from_pretrained: Any) -> Any:
+    """Load a causal LM: fp32 on CPU, bf16 on GPUs that support it, unless `dtype` says otherwise.
+
+    `from_pretrained` goes to `AutoModelForCausalLM.from_pretrained` (training passes the attention
+    implementation, and for QLoRA the quantization config and device map).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -123,7 +127,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto") -> Any:
     else:
         torch_dtype = getattr(torch, dtype)
     with quiet_loading():
-        return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype)
+        return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype, **from_pretrained)
 
 
 def tiny_random_model(vocab_size: int, seed: int = 0, **overrides: Any) -> Any:

@@ -1,28 +1,39 @@
 """`agentrig train --config FILE.yaml [--resume]`: LoRA SFT and DPO, fast on CPU, ready for many GPUs.
 
-Recipe (`run_train`): load the config, the tokenizer and the model; read the pre-tokenized samples (or
-preference pairs); pack them; train with TRL's `SFTTrainer` (or the DPO loop) on a PEFT LoRA config;
-save the adapter with the resolved config beside it, check that vLLM can serve it, and write the loss
-curve. Accelerate runs underneath, so `accelerate launch -m agentrig train --config ...` trains the same
+Recipe (`run_train`): check the config against the machine (`preflight`); load the tokenizer and the
+model; read the datasets as pre-tokenized samples (or preference pairs), mixed and with a validation split
+(`mixture.py`); pack them; train with TRL's `SFTTrainer` (or the DPO loop) on a PEFT LoRA config, the
+validation loss every `eval_steps`; save the adapter (the best checkpoint's with `load_best_model_at_end`)
+with the resolved config beside it, check that vLLM can serve it, write the loss curve, and with
+`push_to_hub` upload it. Accelerate runs underneath, so `accelerate launch -m agentrig train --config ...` trains the same
 config with DDP, FSDP or DeepSpeed (see docs/training.md).
 
 Where the speed comes from on CPU: best-fit packing with per-sample position ids (no padding, no
 cross-sample attention; `packing.py`), causal attention per sample with the fused SDPA kernel instead of
 a block-diagonal mask (`attention.py`), the gated MLP's activation saving two tensors instead of three
 (`fused.py`), the LM head and loss only at supervised positions (`lmloss.py`),
-no gradient checkpointing (it recomputes the forward; CPU RAM is not the limit for small models), and
+no gradient checkpointing by default (it recomputes the forward; CPU RAM is not the limit for small models), and
 bf16 mixed precision wherever the hardware has it natively, CPUs with AVX512-BF16 or AMX included (~2x
 per step there; `bf16: false` trains in fp32).
 
+For bigger models on GPUs the config can turn on what LLaMA-Factory users expect (docs/training.md):
+QLoRA (`quantization_bit`, bitsandbytes), gradient checkpointing, fp16, flash-attention, a DeepSpeed config.
+`preflight` checks what those keys need of the machine before anything loads; on a CPU, QLoRA and fp16
+are refused with the reason.
+
 Layout of `output_dir`: `adapter/` (PEFT `save_pretrained` + `agentrig_train.yaml`), `checkpoints/`
-(every `save_steps`; `--resume` continues from the newest complete one), `loss_curve.json`/`.png`,
-`agentrig_train.yaml`, and for DPO `reference_logps.jsonl`.
+(every `save_steps`; `--resume` continues from the newest complete one), `loss_curve.json`/`.png`
+(training and validation loss), `data_card.json` (the mixture, `mixture.py`), `agentrig_train.yaml`,
+`logs/` with `report_to: tensorboard`, `data/` for sources built on the fly, and for DPO
+`reference_logps.jsonl`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,9 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from agentrig.errors import ConfigError, DataError
-from agentrig.jsonl import expect_kind
-from agentrig.train.packing import TokenizedSample
+from agentrig.train.mixture import Mixture, build_folders, build_mixture, check_sources, tokenized_file, write_card
+from agentrig.train.packing import IGNORE, TokenizedSample
 from agentrig.train.trainconfig import TrainConfig, load_config
+
+# flash_attn values (LLaMA-Factory's) as transformers' attention implementations; `auto` is agentrig's choice.
+ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "disabled": "eager", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
+# report_to integrations and the package each needs.
+REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 @dataclass
@@ -49,35 +65,10 @@ class TrainResult:
     supervised_tokens: int
     vllm_command: str
     stats: dict[str, float] = field(default_factory=dict)
+    hub_url: str = ""  # the pushed commit, with push_to_hub
 
 
 # -- data -----------------------------------------------------------------------------------------
-
-def _dataset_path(dataset: str) -> Path:
-    path = Path(dataset)
-    if path.is_dir() and (path / "pairs.jsonl").is_file() and not (path / "tokenized.jsonl").is_file():
-        return path / "pairs.jsonl"  # a folder of pairs means its pairs.jsonl
-    return path
-
-
-def check_dataset(config: TrainConfig) -> tuple[str, Path]:
-    """The dataset's kind and file, refused before anything loads when the stage cannot train on it.
-
-    SFT: ("tokenized", file) for a `data build` folder or its tokenized.jsonl, ("episodes", file) for
-    episodes or canonical samples (built on the fly). DPO: ("pairs", file), after checking the SFT adapter.
-    """
-    path = _dataset_path(config.dataset)
-    if config.stage == "dpo":
-        if not config.adapter_name_or_path:
-            raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
-        if not (Path(config.adapter_name_or_path) / "adapter_config.json").is_file():
-            raise ConfigError(f"adapter_name_or_path {config.adapter_name_or_path!r} is not a PEFT adapter folder")
-        return expect_kind(path, ("pairs",), "stage dpo dataset:"), path
-    kind = expect_kind(path, ("build", "tokenized", "episodes", "samples"), "dataset:")
-    if kind == "build":
-        return "tokenized", path / "tokenized.jsonl"
-    return ("tokenized", path) if kind == "tokenized" else ("episodes", path)
-
 
 def load_tokenized(path: str | Path) -> list[TokenizedSample]:
     """Read `tokenized.jsonl` (`{"sample_id", "input_ids", "labels"}` per line), validating every line."""
@@ -95,17 +86,27 @@ def load_tokenized(path: str | Path) -> list[TokenizedSample]:
     return samples
 
 
-def _setup_sft_data(config: TrainConfig) -> list[TokenizedSample]:
-    kind, path = check_dataset(config)
-    if kind == "tokenized":
-        return load_tokenized(path)
-    # An episodes file: build it on the fly with the data pipeline, beside the run, for this model.
-    from agentrig.data.databuild import build_dataset
+def _supervised(sample: TokenizedSample) -> int:
+    return sum(x != IGNORE for x in sample.labels)
 
-    built = Path(config.output_dir) / "data"
-    if not (built / "tokenized.jsonl").is_file():
-        build_dataset([path], built, model=config.model_name_or_path, max_seq_length=config.max_seq_length)
-    return load_tokenized(built / "tokenized.jsonl")
+
+def _read_sft(sources: list[Any], folders: list[Path],
+              config: TrainConfig) -> tuple[list[list[TokenizedSample]], list[int]]:
+    """Each source's samples (the first `max_samples`), and how many it had."""
+    parts, available = [], []
+    for source, folder in zip(sources, folders):
+        samples = load_tokenized(tokenized_file(source, config, folder))
+        available.append(len(samples))
+        parts.append(samples[:config.max_samples] if config.max_samples else samples)
+    return parts, available
+
+
+def _setup_sft_data(config: TrainConfig) -> Mixture:
+    train, val = check_sources(config)
+    train_dirs, val_dirs = build_folders(config, train, val)
+    parts, available = _read_sft(train, train_dirs, config)
+    val_samples = [s for part in _read_sft(val, val_dirs, config)[0] for s in part]
+    return build_mixture(parts, train, available, config, _supervised, val_samples)
 
 
 def _check_vocab(max_id: int, model: Any, source: str) -> None:
@@ -118,20 +119,49 @@ def _check_vocab(max_id: int, model: Any, source: str) -> None:
 # -- model ----------------------------------------------------------------------------------------
 
 def _setup_model(config: TrainConfig) -> Any:
-    """The base model (fp32 on CPU, bf16 on capable GPUs) with the supervised-position head."""
+    """The base model (fp32 on CPU, bf16 on capable GPUs; quantized with QLoRA) with the supervised-position head."""
     from agentrig.train.attention import use_packed_attention
     from agentrig.train.fused import fuse_gated_mlps
     from agentrig.train.lmloss import add_supervised_head
     from agentrig.models import load_model
 
+    kwargs: dict[str, Any] = {}
+    if config.flash_attn != "auto":
+        kwargs["attn_implementation"] = ATTENTION_IMPLEMENTATIONS[config.flash_attn]
+    dtype = "auto"
+    if config.quantization_bit:
+        # Each process holds a whole quantized copy on its own GPU (QLoRA with DDP).
+        kwargs.update(quantization_config=bnb_config(config), device_map={"": int(os.environ.get("LOCAL_RANK", "0"))})
+        dtype = _compute_dtype(config)
     try:
-        model = load_model(config.model_name_or_path)
+        model = load_model(config.model_name_or_path, dtype=dtype, **kwargs)
     except OSError as exc:
         raise ConfigError(f"cannot load model {config.model_name_or_path!r} offline: {exc}") from None
     model.config.use_cache = False
-    use_packed_attention(model, config.max_seq_length)
+    if config.flash_attn == "auto":
+        use_packed_attention(model, config.max_seq_length)
+    # A quantized base keeps its other weights (embeddings, norms, head) in the compute dtype, as LLaMA-Factory
+    # does, rather than PEFT's prepare_model_for_kbit_training, which casts them to fp32: for a 7B model with a
+    # 152k vocabulary that is ~4 GB more on a 24 GB card. The norms compute in fp32 anyway, the head's
+    # log-softmax too (lmloss.py).
     fuse_gated_mlps(model)
     return add_supervised_head(model)
+
+
+def _compute_dtype(config: TrainConfig) -> str:
+    return "bfloat16" if config.use_bf16() else "float16" if config.fp16 else "float32"
+
+
+def bnb_config(config: TrainConfig) -> Any:
+    """The bitsandbytes `BitsAndBytesConfig` of `quantization_bit` / `quantization_type` / `double_quantization`."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if config.quantization_bit == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=config.quantization_type,
+                              bnb_4bit_use_double_quant=config.double_quantization,
+                              bnb_4bit_compute_dtype=getattr(torch, _compute_dtype(config)))
 
 
 def _lora_config(config: TrainConfig) -> Any:
@@ -142,8 +172,8 @@ def _lora_config(config: TrainConfig) -> Any:
                       target_modules=config.target_modules(), bias="none", task_type="CAUSAL_LM")
 
 
-def _training_kwargs(config: TrainConfig, checkpoints: Path) -> dict[str, Any]:
-    """Arguments shared by the SFT and DPO `TrainingArguments`."""
+def _training_kwargs(config: TrainConfig, checkpoints: Path, evaluate: bool = False) -> dict[str, Any]:
+    """Arguments shared by the SFT and DPO `TrainingArguments`; `evaluate` when there is validation data."""
     import torch
     import transformers
 
@@ -154,12 +184,40 @@ def _training_kwargs(config: TrainConfig, checkpoints: Path) -> dict[str, Any]:
         num_train_epochs=config.num_train_epochs, max_steps=config.max_steps or -1,
         lr_scheduler_type=config.lr_scheduler_type, **_warmup(config.warmup_ratio, transformers.__version__),
         seed=config.seed, data_seed=config.seed, save_strategy="steps", save_steps=config.save_steps, save_total_limit=2,
-        logging_steps=1, report_to="none", disable_tqdm=True, log_level="warning", bf16=bf16, fp16=False,
+        logging_steps=1, disable_tqdm=True, log_level="warning", bf16=bf16, fp16=config.fp16,
+        # TensorBoard is attached by run_train (its folder is `logging_dir`, the same on every transformers).
+        report_to=[r for r in config.reporters() if r != "tensorboard"] or "none", run_name=config.run_name,
         # transformers accepts bf16 without a GPU only when told the CPU is meant (autocast on the CPU).
         **({"use_cpu": True} if bf16 and not torch.cuda.is_available() else {}),
-        remove_unused_columns=False, gradient_checkpointing=False, ddp_find_unused_parameters=False,
+        remove_unused_columns=False, ddp_find_unused_parameters=False, ddp_timeout=config.ddp_timeout,
+        deepspeed=config.deepspeed, **_checkpointing(config.gradient_checkpointing),
         dataloader_num_workers=0, dataloader_pin_memory=torch.cuda.is_available(),
+        **(_evaluation(config) if evaluate else {"eval_strategy": "no"}),
     )
+
+
+def _evaluation(config: TrainConfig) -> dict[str, Any]:
+    """Validation loss every `eval_steps` (the loss only: no logits are gathered), and the best-checkpoint choice."""
+    best = {"metric_for_best_model": "eval_loss", "greater_is_better": False} if config.load_best_model_at_end else {}
+    return dict(eval_strategy="steps", eval_steps=config.eval_steps or config.save_steps, prediction_loss_only=True,
+                per_device_eval_batch_size=config.per_device_eval_batch_size or config.per_device_train_batch_size,
+                load_best_model_at_end=config.load_best_model_at_end, **best)
+
+
+def _checkpointing(on: bool) -> dict[str, Any]:
+    """Gradient checkpointing under the installed transformers' name for it.
+
+    transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name still works,
+    with a FutureWarning on every run); 4.57 knows only the old one. Non-reentrant checkpointing, which
+    backpropagates into LoRA weights without the inputs requiring grad.
+    """
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    name = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {name: on, f"{name}_kwargs": {"use_reentrant": False} if on else None}
 
 
 def _warmup(ratio: float, transformers_version: str) -> dict[str, float]:
@@ -203,35 +261,44 @@ def _sft_trainer_class() -> type:
     return PackedSFTTrainer
 
 
-def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Path) -> tuple[Any, dict[str, float]]:
+def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
+               checkpoints: Path) -> tuple[Any, dict[str, float], dict[str, Any]]:
     from datasets import Dataset
     from trl import SFTConfig
 
     from agentrig.train.attention import NAME as PACKED_ATTENTION
     from agentrig.train.packing import RowCollator, pack_rows, packing_stats
 
-    samples = _setup_sft_data(config)
+    data = _setup_sft_data(config)
+    samples = data.train
     truncated = sum(len(s.input_ids) > config.max_seq_length for s in samples)
     rows = pack_rows(samples, config.max_seq_length, packing=config.packing)
     stats = packing_stats(rows, config.max_seq_length)
     if stats["supervised_tokens"] == 0:
         raise DataError(f"{config.dataset}: no supervised tokens (every label is -100)")
-    stats.update(samples=len(samples), truncated=truncated)
+    val_rows = pack_rows(data.val, config.max_seq_length, packing=config.packing)
+    stats.update(samples=len(samples), truncated=truncated, val_samples=len(data.val))
     model = _setup_model(config)
-    _check_vocab(max(max(r["input_ids"]) for r in rows), model, config.dataset)
+    _check_vocab(max(max(r["input_ids"]) for r in rows + val_rows), model, config.dataset)
     # Rows of a batch are joined without padding when attention already keeps samples apart by position.
-    per_sample_attention = model.config._attn_implementation == PACKED_ATTENTION
-    args = SFTConfig(**_training_kwargs(config, checkpoints), dataset_kwargs={"skip_prepare_dataset": True},
-                     packing=False, padding_free=False, max_length=None)
+    per_sample_attention = model.config._attn_implementation in (PACKED_ATTENTION, "flash_attention_2",
+                                                                 "flash_attention_3")
+    args = SFTConfig(**_training_kwargs(config, checkpoints, evaluate=bool(val_rows)),
+                     dataset_kwargs={"skip_prepare_dataset": True}, packing=False, padding_free=False, max_length=None)
     trainer = _sft_trainer_class()(
-        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        model=model, args=args, train_dataset=Dataset.from_list(rows),
+        eval_dataset=Dataset.from_list(val_rows) if val_rows else None, processing_class=tokenizer,
         data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
         peft_config=_lora_config(config), meter=meter)
-    return trainer, stats
+    return trainer, stats, data.card
+
+
+def _completion_tokens(pair: Any) -> int:
+    return len(pair.chosen_ids) + len(pair.rejected_ids)
 
 
 def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Path,
-               output_dir: Path) -> tuple[Any, dict[str, float]]:
+               output_dir: Path) -> tuple[Any, dict[str, float], dict[str, Any]]:
     from datasets import Dataset
     from peft import PeftModel
     from transformers import TrainingArguments
@@ -239,29 +306,38 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from agentrig.train.dpo import PairCollator, compute_logps, dpo_trainer_class, load_pairs
     from agentrig.train.trainlog import progress_bar
 
-    _, path = check_dataset(config)
-    pairs = load_pairs(path, tokenizer)
-    available = len(pairs)
-    pairs = pairs_for_run(pairs, config)
+    sources, val_sources = check_sources(config)
+    parts, available = [], []
+    for source in sources:
+        pairs = load_pairs(source.file, tokenizer)
+        available.append(len(pairs))
+        parts.append(pairs[:config.max_samples] if config.max_samples else pairs)
+    val_pairs = [p for s in val_sources for p in load_pairs(s.file, tokenizer)[:config.max_samples or None]]
+    data = build_mixture(parts, sources, available, config, _completion_tokens, val_pairs)
+    pairs = pairs_for_run(data.train, config)
     from agentrig.models import quiet_loading
 
     with quiet_loading():  # PEFT's is_gradient_checkpointing deprecation on every adapter load
         model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
-    _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs), model, config.dataset)
+    _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs + data.val), model,
+                 config.dataset)
     # The reference: the SFT adapter exactly as loaded, before any update (a frozen copy by construction).
-    with progress_bar(f"dpo reference log-probs of {len(pairs)} pairs", len(pairs)) as advance:
-        reference = compute_logps(model, pairs, config.max_seq_length, tokenizer.pad_token_id, on_batch=advance,
+    scored = pairs + data.val
+    with progress_bar(f"dpo reference log-probs of {len(scored)} pairs", len(scored)) as advance:
+        reference = compute_logps(model, scored, config.max_seq_length, tokenizer.pad_token_id, on_batch=advance,
                                   bf16=config.use_bf16())
     with (output_dir / "reference_logps.jsonl").open("w") as fh:
         for pair, (chosen, rejected) in zip(pairs, reference):
             fh.write(json.dumps({"pair_id": pair.pair_id, "chosen": chosen, "rejected": rejected}) + "\n")
     rows = [{"prompt_ids": p.prompt_ids, "chosen_ids": p.chosen_ids, "rejected_ids": p.rejected_ids,
-             "ref_chosen": c, "ref_rejected": r} for p, (c, r) in zip(pairs, reference)]
+             "ref_chosen": c, "ref_rejected": r} for p, (c, r) in zip(scored, reference)]
+    train_rows, val_rows = rows[:len(pairs)], rows[len(pairs):]
     trainer = dpo_trainer_class()(
-        model=model, args=TrainingArguments(**_training_kwargs(config, checkpoints)),
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        data_collator=PairCollator(tokenizer.pad_token_id, config.max_seq_length), beta=config.pref_beta, ftx=config.pref_ftx, meter=meter)
-    return trainer, {"pairs": len(pairs), "pairs_available": available}
+        model=model, args=TrainingArguments(**_training_kwargs(config, checkpoints, evaluate=bool(val_rows))),
+        train_dataset=Dataset.from_list(train_rows), eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
+        processing_class=tokenizer, data_collator=PairCollator(tokenizer.pad_token_id, config.max_seq_length),
+        beta=config.pref_beta, ftx=config.pref_ftx, meter=meter)
+    return trainer, {"pairs": len(pairs), "pairs_available": len(data.train), "val_pairs": len(data.val)}, data.card
 
 
 def pairs_for_run(pairs: list[Any], config: TrainConfig) -> list[Any]:
@@ -290,19 +366,87 @@ def pairs_for_run(pairs: list[Any], config: TrainConfig) -> list[Any]:
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
+def _complete(checkpoint: Path) -> bool:
+    """Whether a checkpoint's trainer_state.json (written last by `Trainer`) is there and complete JSON."""
+    state = checkpoint / "trainer_state.json"
+    if not state.is_file():
+        return False
+    try:
+        json.loads(state.read_text())
+    except json.JSONDecodeError:
+        return False  # killed while writing the state: the checkpoint is incomplete
+    return True
+
+
 def last_complete_checkpoint(checkpoints: Path) -> Path | None:
-    """The newest `checkpoint-N` whose trainer_state.json (written last by `Trainer`) is complete JSON."""
-    found = []
-    for path in checkpoints.glob("checkpoint-*"):
-        state = path / "trainer_state.json"
-        if not path.name.split("-")[-1].isdigit() or not state.is_file():
-            continue
-        try:
-            json.loads(state.read_text())
-        except json.JSONDecodeError:
-            continue  # killed while writing the state: the checkpoint is incomplete, use an older one
-        found.append((int(path.name.split("-")[-1]), path))
+    """The newest complete `checkpoint-N` (an incomplete one, killed mid-write, is skipped for an older one)."""
+    found = [(int(path.name.split("-")[-1]), path) for path in checkpoints.glob("checkpoint-*")
+             if path.name.split("-")[-1].isdigit() and _complete(path)]
     return max(found)[1] if found else None
+
+
+def _resume_point(config: TrainConfig, resume: bool, checkpoints: Path) -> Path | None:
+    """The checkpoint to continue from: `resume_from_checkpoint`'s folder, or with --resume (or `true`) the newest."""
+    if isinstance(config.resume_from_checkpoint, str):
+        return Path(config.resume_from_checkpoint)
+    newest = last_complete_checkpoint(checkpoints) if checkpoints.is_dir() else None
+    if newest is not None and not (resume or config.resume_from_checkpoint):
+        raise ConfigError(f"{config.output_dir} already holds checkpoints: pass --resume (or resume_from_checkpoint: "
+                          "true) to continue that run, or set another output_dir")
+    return newest
+
+
+# -- what the keys need of this machine -----------------------------------------------------------
+
+def _missing(package: str) -> bool:
+    return importlib.util.find_spec(package) is None
+
+
+def preflight(config: TrainConfig) -> None:
+    """Refuse, before anything loads, a config whose keys this machine cannot run, saying why and what to do."""
+    import torch
+
+    from agentrig.jsonl import read_json
+
+    cuda = torch.cuda.is_available()
+    if config.quantization_bit and not cuda:
+        raise ConfigError(
+            f"quantization_bit {config.quantization_bit} (QLoRA) needs a CUDA GPU, and this machine has none: "
+            "bitsandbytes' quantized layers train on the GPU, and on a CPU a quantized base only adds "
+            "dequantization to every matmul of a model that fits in RAM anyway; remove quantization_bit to train "
+            "LoRA on the full-precision base here, or run this config on a GPU machine")
+    if config.quantization_bit and _missing("bitsandbytes"):
+        raise ConfigError(f"quantization_bit {config.quantization_bit} needs the bitsandbytes package: "
+                          "pip install bitsandbytes")
+    if config.fp16 and not cuda:
+        raise ConfigError("fp16 needs a CUDA GPU (fp16 autocast with loss scaling); on a CPU leave bf16 unset "
+                          "(on where the CPU has native bf16) or set bf16: false")
+    if config.bf16 and cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError("bf16: true, but this GPU has no bf16: use fp16: true")
+    if config.flash_attn in ("fa2", "fa3"):
+        from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
+
+        if not (is_flash_attn_2_available() if config.flash_attn == "fa2" else is_flash_attn_3_available()):
+            package = "flash-attn" if config.flash_attn == "fa2" else "flash-attn 3 (flash_attn_interface)"
+            raise ConfigError(f"flash_attn {config.flash_attn} needs a CUDA GPU and the {package} package; "
+                              "use flash_attn: auto (or sdpa) here")
+    for reporter in config.reporters():
+        if _missing(REPORTER_PACKAGES[reporter]):
+            raise ConfigError(f"report_to {reporter} needs the {REPORTER_PACKAGES[reporter]} package: "
+                              f"pip install {REPORTER_PACKAGES[reporter]}")
+    if config.deepspeed:
+        if not Path(config.deepspeed).is_file():
+            raise ConfigError(f"deepspeed {config.deepspeed}: there is no such file; give a DeepSpeed JSON config")
+        read_json(config.deepspeed, "a DeepSpeed config (see docs/training.md)")
+        if _missing("deepspeed"):
+            raise ConfigError("deepspeed needs the deepspeed package (pip install deepspeed) and GPUs; launch with "
+                              "`accelerate launch -m agentrig train` or `deepspeed -m agentrig train`")
+    if config.push_to_hub and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ConfigError("push_to_hub, but HF_HUB_OFFLINE is set, so the upload would fail after training: unset it, "
+                          "or train with push_to_hub: false and upload the adapter folder later (docs/training.md)")
+    if isinstance(config.resume_from_checkpoint, str) and not _complete(Path(config.resume_from_checkpoint)):
+        raise ConfigError(f"resume_from_checkpoint {config.resume_from_checkpoint}: not a complete checkpoint "
+                          "(a checkpoint-N folder with trainer_state.json, from `agentrig train`)")
 
 
 # -- the stage ------------------------------------------------------------------------------------
@@ -310,11 +454,13 @@ def last_complete_checkpoint(checkpoints: Path) -> Path | None:
 def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | None = None) -> TrainResult:
     """Train a LoRA adapter (SFT or DPO) as `config` says; returns the adapter folder and the loss history.
 
-    With `resume`, continue from the newest complete checkpoint in `output_dir/checkpoints` (start fresh if
-    there is none). Without it, an `output_dir` holding checkpoints is an error, so a finished run is never
-    silently overwritten. `callbacks` are extra `transformers.TrainerCallback`s.
+    With `resume` (or `resume_from_checkpoint: true`), continue from the newest complete checkpoint in
+    `output_dir/checkpoints` (start fresh if there is none); with a `resume_from_checkpoint` folder, from that
+    one. Otherwise an `output_dir` holding checkpoints is an error, so a finished run is never silently
+    overwritten. `callbacks` are extra `transformers.TrainerCallback`s.
     """
-    check_dataset(config)  # a wrong file fails here, before torch, the tokenizer or the model load
+    check_sources(config)  # a wrong file fails here, before torch, the tokenizer or the model load
+    preflight(config)
     import transformers
     from transformers import PrinterCallback
 
@@ -327,10 +473,7 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
     transformers.set_seed(config.seed)
     output_dir = Path(config.output_dir)
     checkpoints = output_dir / "checkpoints"
-    checkpoint = last_complete_checkpoint(checkpoints) if checkpoints.is_dir() else None
-    if checkpoint is not None and not resume:
-        raise ConfigError(f"{output_dir} already holds checkpoints: pass --resume to continue that run, "
-                          "or set another output_dir")
+    checkpoint = _resume_point(config, resume, checkpoints)
     output_dir.mkdir(parents=True, exist_ok=True)
     config.save(output_dir)
     try:
@@ -339,11 +482,15 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
         raise ConfigError(f"cannot load the tokenizer of {config.model_name_or_path!r} offline: {exc}") from None
     meter = TokenMeter()
     if config.stage == "sft":
-        trainer, stats = _build_sft(config, tokenizer, meter, checkpoints)
+        trainer, stats, card = _build_sft(config, tokenizer, meter, checkpoints)
     else:
-        trainer, stats = _build_dpo(config, tokenizer, meter, checkpoints, output_dir)
+        trainer, stats, card = _build_dpo(config, tokenizer, meter, checkpoints, output_dir)
+    if trainer.is_world_process_zero():
+        write_card(card, config, {"stage": config.stage, "rows": stats})
     trainer.remove_callback(PrinterCallback)  # the progress bar shows the loss; no dict per step
     trainer.add_callback(ProgressCallback(meter, f"{config.stage} {Path(config.model_name_or_path).name}"))
+    if "tensorboard" in config.reporters() and trainer.is_world_process_zero():
+        trainer.add_callback(_tensorboard(config))
     for callback in callbacks or []:
         trainer.add_callback(callback)
 
@@ -352,17 +499,38 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
     seconds = time.perf_counter() - started
 
     adapter_dir = output_dir / "adapter"
-    trainer.save_model(str(adapter_dir))
+    trainer.save_model(str(adapter_dir))  # with load_best_model_at_end, the best checkpoint's adapter
+    if config.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        stats.update(best_step=int(trainer.state.best_model_checkpoint.rsplit("-", 1)[-1]),
+                     best_eval_loss=float(trainer.state.best_metric))
     history = loss_history(trainer.state.log_history)
-    command = ""
+    command = hub_url = ""
     if trainer.is_world_process_zero():
         config.save(adapter_dir)
         check = check_vllm_adapter(adapter_dir, config.model_name_or_path)
         print(check.report())
         command = check.serve_command() if check.ok else ""
         save_loss_curve(history, output_dir, f"{config.stage} loss: {Path(config.model_name_or_path).name}")
+        if config.push_to_hub:
+            hub_url = push_adapter(trainer.model, config, trainer.state.global_step)
     return TrainResult(str(adapter_dir), str(output_dir), config.stage, history, trainer.state.global_step,
-                       seconds, meter.tokens, meter.supervised_tokens, command, stats)
+                       seconds, meter.tokens, meter.supervised_tokens, command, stats, hub_url)
+
+
+def _tensorboard(config: TrainConfig) -> Any:
+    """transformers' own TensorBoard callback (tags `train/loss`, `eval/loss`, ...) writing to `logging_dir`."""
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    return TensorBoardCallback(SummaryWriter(log_dir=config.logging_dir or str(Path(config.output_dir) / "logs")))
+
+
+def push_adapter(model: Any, config: TrainConfig, steps: int) -> str:
+    """Upload the trained adapter (adapter_config.json, weights, a model card) with PEFT's `push_to_hub`."""
+    print(f"pushing the adapter to the hub: {config.hub_model_id}")
+    commit = model.push_to_hub(config.hub_model_id, private=config.hub_private_repo,
+                               commit_message=f"agentrig {config.stage} LoRA adapter, {steps} steps")
+    return commit.commit_url  # huggingface_hub's CommitInfo
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -380,4 +548,9 @@ def main(args: argparse.Namespace) -> int:
     last = result.loss_history[-1]["loss"] if result.loss_history else float("nan")
     print(f"{result.stage}: {result.global_step} steps in {result.train_seconds:.0f} s, final loss {last:.4f}; "
           f"adapter in {result.adapter_dir}; loss curve in {result.output_dir}/loss_curve.png")
+    if "best_step" in result.stats:
+        print(f"the adapter is step {result.stats['best_step']}'s, the lowest validation loss "
+              f"({result.stats['best_eval_loss']:.4f})")
+    if result.hub_url:
+        print(f"pushed to the hub: {result.hub_url}")
     return 0

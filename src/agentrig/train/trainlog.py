@@ -1,9 +1,10 @@
 """What a training run shows and leaves behind: a progress bar, token counts, the loss curve.
 
 `TokenMeter` is filled by the trainers' `compute_loss` (tokens and supervised tokens actually run);
-`ProgressCallback` shows progress with loss, tokens/s and ETA on the main process (a bar on a terminal, a
-line at a steady interval in a log: `agentrig.progress`);
-`save_loss_curve` writes the `Trainer` log history as `loss_curve.json` and `loss_curve.png`. The log
+`ProgressCallback` shows progress with loss, the latest validation loss, tokens/s and ETA on the main
+process (a bar on a terminal, a line at a steady interval in a log: `agentrig.progress`);
+`save_loss_curve` writes the `Trainer` log history as `loss_curve.json` and `loss_curve.png`, the
+validation loss (`eval_loss`, on the rows of the steps it was measured at) as a second line. The log
 history is part of every checkpoint, so a resumed run's curve covers the whole run.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 CURVE_KEYS = ("loss", "learning_rate", "epoch", "grad_norm", "margin", "reward_margin", "accuracy", "chosen_nll")
+VALIDATION_KEY = "eval_loss"
 
 
 @dataclass
@@ -51,6 +53,7 @@ class ProgressCallback(TrainerCallback):
         self.stack: ExitStack | None = None
         self.bar: Any = None
         self.loss = float("nan")
+        self.val_loss: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start at the (possibly resumed) global step."""
@@ -65,16 +68,18 @@ class ProgressCallback(TrainerCallback):
         self.meter.tokens = self.meter.supervised_tokens = 0
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        """Remember the latest logged loss."""
+        """Remember the latest logged loss and validation loss."""
         if logs and "loss" in logs:
             self.loss = float(logs["loss"])
+        if logs and VALIDATION_KEY in logs:
+            self.val_loss = float(logs[VALIDATION_KEY])
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Advance after each optimizer step."""
         if self.bar is None:
             return
         tps, sps = self.meter.rates()
-        self.bar.update(completed=state.global_step, loss=self.loss, tps=tps, sps=sps)
+        self.bar.update(completed=state.global_step, loss=self.loss, val=self.val_loss, tps=tps, sps=sps)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Show the final state and release the terminal."""
@@ -87,7 +92,8 @@ class ProgressCallback(TrainerCallback):
 def _train_fields(f: dict[str, Any]) -> str:
     if "tps" not in f:
         return ""
-    return f"loss {f['loss']:.4f}, {f['tps']:.0f} tok/s ({f['sps']:.0f} supervised)"
+    val = f", val {f['val']:.4f}" if f.get("val") is not None else ""
+    return f"loss {f['loss']:.4f}{val}, {f['tps']:.0f} tok/s ({f['sps']:.0f} supervised)"
 
 
 @contextmanager
@@ -101,15 +107,17 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]
 
 
 def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Per-step training records (step, loss and whatever else was logged) from `Trainer` log history."""
-    rows = []
+    """Per-step training records (step, loss and whatever else was logged) from `Trainer` log history; the
+    validation loss goes on the row of the step it was measured at (every step has one: it logs each step)."""
+    rows: dict[int, dict[str, float]] = {}
     for entry in log_history:
-        if "loss" not in entry:
-            continue
-        row = {"step": int(entry["step"])}
-        row.update({k: float(entry[k]) for k in CURVE_KEYS if k in entry})
-        rows.append(row)
-    return rows
+        if "loss" in entry:
+            row = rows.setdefault(int(entry["step"]), {"step": int(entry["step"])})
+            row.update({k: float(entry[k]) for k in CURVE_KEYS if k in entry})
+    for entry in log_history:
+        if VALIDATION_KEY in entry and int(entry["step"]) in rows:
+            rows[int(entry["step"])][VALIDATION_KEY] = float(entry[VALIDATION_KEY])
+    return [rows[step] for step in sorted(rows)]
 
 
 def save_loss_curve(history: list[dict[str, float]], folder: str | Path, title: str) -> tuple[Path, Path]:
@@ -124,7 +132,12 @@ def save_loss_curve(history: list[dict[str, float]], folder: str | Path, title: 
     json_path, png_path = folder / "loss_curve.json", folder / "loss_curve.png"
     json_path.write_text(json.dumps(history, indent=1))
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker="." if len(history) < 60 else None)
+    ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker="." if len(history) < 60 else None,
+            label="training")
+    validated = [h for h in history if VALIDATION_KEY in h]
+    if validated:
+        ax.plot([h["step"] for h in validated], [h[VALIDATION_KEY] for h in validated], marker="o", label="validation")
+        ax.legend()
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_title(title)
