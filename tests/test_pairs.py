@@ -88,6 +88,7 @@ def test_pairs_render_with_the_renderer_and_export_to_llamafactory(smol_tokenize
         assert r.assistant_ids(row["chosen"][0]) != r.assistant_ids(row["rejected"][0])
         lf = p.llamafactory()
         assert llamafactory_accepts(lf["conversations"], ranking=True)
+        assert "tools" not in lf and "<tools>" in lf["system"]  # one tool list, in the system prompt
         assert lf["chosen"]["from"] in ("gpt", "function_call") and lf["rejected"]["from"] in ("gpt", "function_call")
 
 
@@ -103,7 +104,7 @@ def test_cli_pairs(tmp_path, capsys):
     assert rows[0]["kind"] == "episodes" and isinstance(rows[0]["tools"], str)
     assert main(["data", "pairs", "--in", str(src), "--out", str(tmp_path / "lf" / "p.jsonl"), "--format", "llamafactory"]) == 0
     info = json.loads((tmp_path / "lf" / "dataset_info.json").read_text())
-    assert info["agentrig_agent_pairs"]["ranking"] is True
+    assert info["agentrig_agent_pairs"]["ranking"] is True and "tools" not in info["agentrig_agent_pairs"]["columns"]
     # --limit: the main job's mix, the real-episode pair first
     assert main(["data", "pairs", "--in", str(src), "--out", str(tmp_path / "one.jsonl"), "--limit", "2"]) == 0
     kinds = [json.loads(line)["kind"] for line in open(tmp_path / "one.jsonl")]

@@ -296,9 +296,9 @@ def dataset_info(file_name: str, ranking: bool = False, layout: str = "sharegpt"
     if layout == "sharegpt":
         columns["system"] = "system"
     entry: dict[str, Any] = {"file_name": file_name, "formatting": "sharegpt", "columns": columns}
-    if ranking:  # preference pairs (`agentrig data pairs --format llamafactory`) keep their tools column
+    if ranking:  # preference pairs (`agentrig data pairs --format llamafactory`); tools live in the system prompt
         entry["ranking"] = True
-        columns.update(tools="tools", chosen="chosen", rejected="rejected")
+        columns.update(chosen="chosen", rejected="rejected")
     return {DATASET_NAME + ("_pairs" if ranking else ""): entry}
 
 

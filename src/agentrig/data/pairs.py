@@ -42,14 +42,16 @@ class Pair:
                 "rejected": [self.rejected], "tools": self.tools}
 
     def llamafactory(self) -> dict[str, Any]:
-        """LLaMA-Factory's sharegpt ranking row; raises ValueError when its rules cannot hold the pair."""
+        """LLaMA-Factory's sharegpt ranking row; raises ValueError when its rules cannot hold the pair. No `tools`
+        column: the system prompt already lists the tools, and a tools column makes LLaMA-Factory's templates
+        append a second list (as the SFT export found)."""
         system = self.prompt[0]["content"] if self.prompt[0]["role"] == "system" else ""
         turns, _ = sharegpt_conversation(self.prompt[1:] if system else self.prompt)
         sides = [sharegpt_conversation([m])[0][0] for m in (self.chosen, self.rejected)]
         problems = sharegpt_violations(turns, ranking=True)
         if problems:
             raise ValueError(f"pair {self.pair_id}: {problems}")
-        return {"conversations": turns, "chosen": sides[0], "rejected": sides[1], "system": system, "tools": self.tools}
+        return {"conversations": turns, "chosen": sides[0], "rejected": sides[1], "system": system}
 
 
 def _tools_json(episode: Episode) -> str:
