@@ -72,7 +72,7 @@ def test_ctrl_c_stops_the_collector_and_resume_equals_uninterrupted(reference, t
     cmd = [sys.executable, "-m", "agentrig", "collect", "--episodes", str(N), "--out", str(out), "--faults", "0.25",
            "--rename", "0.2", "--seed", "3", "--no-progress"]
     interrupted = 0
-    for target in (30, 90):
+    for target in (20, 60, 100):
         proc = subprocess.Popen(cmd + (["--resume"] if out.exists() else []), stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
@@ -82,6 +82,8 @@ def test_ctrl_c_stops_the_collector_and_resume_equals_uninterrupted(reference, t
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # the user's Ctrl-C: never an observation, the run stops
             _, err = proc.communicate(timeout=60)
+            if proc.returncode == 0 and out.read_bytes().count(b"\n") == N:
+                break  # it finished all N before the signal landed (a loaded machine): nothing left to interrupt
             assert proc.returncode == 130 and "agentrig collect: interrupted" in err and "Traceback" not in err, err
             interrupted += 1
             assert out.read_bytes().count(b"\n") < N
