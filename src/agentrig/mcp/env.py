@@ -212,45 +212,36 @@ class MCPEnv(Environment):
         return out
 
     # -- episodes ---------------------------------------------------------------------------------
-    def connect(self, task_id: str = "") -> Any:
-        """A new session (a replay of the recording, or a live server, recorded when asked)."""
+    def connect(self, task_id: str = "") -> tuple[Any, Path | None]:
+        """A new session for one episode and its sandbox folder (None without one): a replay of the recording,
+        or a live server (in its own sandbox when the stdio command asks for one), recorded when asked."""
         if self.replay is not None:
             from agentrig.mcp.replay import ReplayClient
 
-            return ReplayClient(self.replay, task_id)
+            return ReplayClient(self.replay, task_id), None
         assert self.server is not None
-        client = MCPClient(self.server).start()
+        spec, sandbox = self.server, None
+        if spec.transport == "stdio":
+            command, sandbox = open_sandbox(spec.target)
+            spec = ServerSpec("stdio", command)
+        try:
+            client: Any = MCPClient(spec, cwd=str(sandbox) if sandbox else None).start()
+        except BaseException:
+            if sandbox is not None:
+                import shutil
+
+                shutil.rmtree(sandbox, ignore_errors=True)
+            raise
         if self.record is not None:
             from agentrig.mcp.replay import RecordingClient
 
-            return RecordingClient(client, self.record, task_id)
-        return client
-
-    def _open(self, task_id: str) -> tuple[Any, Path | None]:
-        """The session for one episode, in its own sandbox folder when the command asks for one."""
-        sandbox = None
-        if self.server is not None and self.server.transport == "stdio":
-            command, sandbox = open_sandbox(self.server.target)
-            if sandbox is not None:
-                spec = ServerSpec("stdio", command)
-                try:
-                    client = MCPClient(spec, cwd=str(sandbox)).start()
-                except BaseException:
-                    import shutil
-
-                    shutil.rmtree(sandbox, ignore_errors=True)
-                    raise
-                if self.record is not None:
-                    from agentrig.mcp.replay import RecordingClient
-
-                    client = RecordingClient(client, self.record, task_id)
-                return client, sandbox
-        return self.connect(task_id), None
+            client = RecordingClient(client, self.record, task_id)
+        return client, sandbox
 
     def setup(self, task: TaskSpec) -> tuple[ToolSet, MCPState]:
         """A fresh session and the task's allowed tools from it."""
         base_id = task.id.split("~")[0]
-        client, sandbox = self._open(base_id)
+        client, sandbox = self.connect(base_id)
         try:
             allowed = task.metadata.get("mcp_allowed", task.allowed_tools)
             tools = mcp_tools(client, allowed, task.metadata.get("read_only_tools", []), self.timeout_s)
