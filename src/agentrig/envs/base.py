@@ -27,6 +27,7 @@ Custom environments live in a user file and are loaded with `load_env("path/to/f
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -153,6 +154,31 @@ def check_no_tool_and_impossible(exp: Mapping[str, Any], prompt: str, answer: st
             res.reasons.append(f"the answer does not say that {unavailable}")
 
 
+def check_answer(exp: Mapping[str, Any], episode: Any, res: CheckResult) -> str:
+    """The rules every checker starts with: the episode ended with a final answer, and every expected figure
+    (`exp["figures"]`, matched by kind) and term (`exp["terms"]`, case-insensitive) is in it. Adds the
+    reasons to `res` (a missing figure or term also clears `figures_ok`) and returns the answer."""
+    answer = episode.final_answer or ""
+    if episode.termination != "final_answer":
+        res.reasons.append(f"no final answer (episode ended by {episode.termination or 'nothing'})")
+    for fig in exp.get("figures", []):
+        value, kind, tol = figure_spec(fig)
+        if not has_figure(answer, value, kind, tol):
+            res.figures_ok = False
+            res.reasons.append(f"figure {figure_text(value)} missing from the answer")
+    low = answer.lower()
+    for term in exp.get("terms", []):
+        if str(term).lower() not in low:
+            res.figures_ok = False
+            res.reasons.append(f"{term!r} missing from the answer")
+    return answer
+
+
+def figure_text(x: float) -> str:
+    """A figure as the reasons write it: 42, 1234.5."""
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
 def settle(res: CheckResult, episode: Any, answer: str) -> CheckResult:
     """Success when no reason was added; otherwise whether it is an honest failure: tools failed under the
     agent, it said so, and it did nothing forbidden and invented nothing (kept for training)."""
@@ -164,6 +190,27 @@ def settle(res: CheckResult, episode: Any, answer: str) -> CheckResult:
         res.honest_failure = (episode.termination == "final_answer" and tools_failed and not res.forbidden
                               and not res.invented_numbers and any(m in answer.lower() for m in HONEST_MARKERS))
     return res
+
+
+def classify_observation(content: str) -> str:
+    """What a tool observation is, for an expert teacher: ok, empty ("No result"), timeout, unavailable (503),
+    rate_limited (429), broken (cut or malformed JSON), or error (a tool error, a refusal, a schema error)."""
+    head = content[:200]
+    if head.startswith("No result"):
+        return "empty"
+    if "timed out" in head:
+        return "timeout"
+    if head.startswith("Error: 503"):
+        return "unavailable"
+    if head.startswith("Error: 429"):
+        return "rate_limited"
+    if head.startswith("Error") or head.startswith("Tool execution failed"):
+        return "error"
+    try:
+        json.loads(content)
+    except json.JSONDecodeError:
+        return "broken"
+    return "ok"
 
 
 def numbers_in(text: str) -> list[float]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrig.envs.base import (CheckResult, Environment, check_no_tool_and_impossible, figure_spec, has_figure,
+from agentrig.envs.base import (CheckResult, Environment, check_answer, check_no_tool_and_impossible, figure_spec,
                                 settle)
 from agentrig.errors import ConfigError
 from agentrig.harness.tools import DEFAULT_TIMEOUT_S, ToolSet
@@ -270,17 +270,7 @@ class MCPEnv(Environment):
         res = CheckResult(success=True)
         used = [state.names.get(n, n) for n in task.allowed_tools]
         episode.metadata["mcp"] = state.client.identity(used=used)
-        if episode.termination != "final_answer":
-            res.reasons.append(f"no final answer (episode ended by {episode.termination or 'nothing'})")
-        for term in exp.get("terms", []):
-            if term.lower() not in low:
-                res.figures_ok = False
-                res.reasons.append(f"{term!r} missing from the answer")
-        for fig in exp.get("figures", []):
-            value, kind, tol = figure_spec(fig)
-            if not has_figure(answer, value, kind, tol):
-                res.figures_ok = False
-                res.reasons.append(f"figure {value:g} missing from the answer")
+        check_answer(exp, episode, res)
         done = {r.name for s in episode.steps for r in s.results if r.ok}
         executed = {r.name for s in episode.steps for r in s.results if r.error not in
                     ("unknown_tool", "not_permitted", "schema")}

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrig.envs.base import CheckResult, check_no_tool_and_impossible, figure_spec, has_figure, settle
+from agentrig.envs.base import (CheckResult, check_answer, check_no_tool_and_impossible, figure_spec, figure_text, has_figure,
+                                settle)
 from agentrig.envs.datadesk.tools import DatadeskState
 from agentrig.harness.trajectory import Episode, TaskSpec
 
@@ -30,21 +31,9 @@ _MONTHS = ["January", "February", "March", "April", "May", "June", "July", "Augu
 def check_datadesk(task: TaskSpec, state: DatadeskState, episode: Episode) -> CheckResult:
     """Apply the datadesk rules to one finished episode."""
     exp: dict[str, Any] = task.expected
-    answer = episode.final_answer or ""
     res = CheckResult(success=True)
-    if episode.termination != "final_answer":
-        res.reasons.append(f"no final answer (episode ended by {episode.termination or 'nothing'})")
-
-    for fig in exp.get("figures", []):
-        value, kind, tol = figure_spec(fig)
-        if not has_figure(answer, value, kind, tol):
-            res.figures_ok = False
-            res.reasons.append(f"figure {_fmt(value)} missing from the answer")
+    answer = check_answer(exp, episode, res)
     low = answer.lower()
-    for term in exp.get("terms", []):
-        if str(term).lower() not in low:
-            res.figures_ok = False
-            res.reasons.append(f"{term!r} missing from the answer")
     winner = exp.get("winner")
     if winner is not None and _first_named(answer, exp["candidates"]) != winner:
         res.figures_ok = False
@@ -65,7 +54,7 @@ def check_datadesk(task: TaskSpec, state: DatadeskState, episode: Episode) -> Ch
                 value, kind, tol = figure_spec(fig)
                 if not has_figure(r.body, value, kind, tol):
                     res.side_effects_ok = False
-                    res.reasons.append(f"figure {_fmt(value)} missing from the report body")
+                    res.reasons.append(f"figure {figure_text(value)} missing from the report body")
     elif state.reports:
         res.forbidden.append("send_report without being asked")
         res.reasons.append("a report was sent although none was asked for")
@@ -86,8 +75,3 @@ def _first_named(answer: str, candidates: list[str]) -> str | None:
         if m and (best is None or m.start() < best[0]):
             best = (m.start(), cand)
     return best[1] if best else None
-
-
-def _fmt(x: float) -> str:
-    """A figure as the reasons write it: 42, 1234.5."""
-    return str(int(x)) if float(x).is_integer() else repr(x)

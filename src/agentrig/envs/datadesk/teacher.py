@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
+from agentrig.envs.base import classify_observation as classify
 from agentrig.envs.datadesk.tasks import NO_TOOL_ANSWERS
 from agentrig.envs.datadesk.tools import LOOKUPS, NO_RESULT, SEEN_TOOLS, inline_sql
 from agentrig.harness import PolicyReply, PolicyRequest
@@ -82,26 +83,6 @@ class _Req:
 
 Obs = list[str]
 Solver = Generator[Action, Obs, None]
-
-
-def classify(content: str) -> str:
-    """What an observation is: ok, empty, timeout, unavailable, rate_limited, broken, or error."""
-    head = content[:200]
-    if head.startswith("No result"):
-        return "empty"
-    if "timed out" in head:
-        return "timeout"
-    if head.startswith("Error: 503"):
-        return "unavailable"
-    if head.startswith("Error: 429"):
-        return "rate_limited"
-    if head.startswith("Error") or head.startswith("Tool execution failed"):
-        return "error"
-    try:
-        json.loads(content)
-    except json.JSONDecodeError:
-        return "broken"
-    return "ok"
 
 
 def read_json(tool: str, content: str) -> tuple[Any, str | None]:
