@@ -1,6 +1,6 @@
 """What the policy may generate and what it is fed, checked against the training data itself.
 
-Teacher episodes (datadesk, injected faults, detours, parallel calls, memory notes) are turned into training
+Teacher episodes (datadesk and toolworld: injected faults, detours, parallel calls, datadesk's memory notes) are turned into training
 samples exactly as `agentrig data build` does; then
 - every supervised assistant turn, replayed token by token through `HFPolicy`'s stopping rules, runs to its
   own end-of-turn token and decodes to the same text (so the turns training teaches, several tool calls
@@ -20,13 +20,16 @@ from agentrig.data.samples import episode_samples
 from agentrig.harness.trajectory import read_episodes
 
 
-@pytest.fixture(scope="module")
-def teacher_episodes(tmp_path_factory):
+@pytest.fixture(scope="module", params=["datadesk", "toolworld"])
+def teacher_episodes(tmp_path_factory, request):
     out = tmp_path_factory.mktemp("replay") / "train.jsonl"
-    run_collect(CollectConfig(episodes=40, faults=0.25, detours=0.2, rename=0.2, seed=3, out=str(out)), progress=False)
+    datadesk = request.param == "datadesk"
+    run_collect(CollectConfig(env=request.param, episodes=40 if datadesk else 60, faults=0.25, detours=0.2,
+                              rename=0.2 if datadesk else 0.0, seed=3, out=str(out)), progress=False)
     episodes = read_episodes(out)
     assert any(len(s.calls) > 1 for e in episodes for s in e.steps), "the fixture must hold parallel calls"
-    assert any(e.memory_events for e in episodes), "the fixture must hold memory compressions"
+    if datadesk:
+        assert any(e.memory_events for e in episodes), "the fixture must hold memory compressions"
     return episodes
 
 

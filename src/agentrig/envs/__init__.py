@@ -32,8 +32,12 @@ def load_env(spec: str, tasks: str | None = None, record: str | None = None) -> 
         from agentrig.envs.datadesk import DatadeskEnv
 
         return DatadeskEnv()
+    if spec == "toolworld":
+        from agentrig.envs.toolworld import ToolworldEnv
+
+        return ToolworldEnv()
     if ":" not in spec:
-        raise ConfigError(f"unknown environment {spec!r}: use 'datadesk', 'path/to/file.py:make_env' or "
+        raise ConfigError(f"unknown environment {spec!r}: use 'datadesk', 'toolworld', 'path/to/file.py:make_env' or "
                           "'mcp:stdio:COMMAND' / 'mcp:http:URL' (with --tasks FILE.jsonl)")
     path_text, func_name = spec.rsplit(":", 1)
     path = Path(path_text)
