@@ -113,6 +113,20 @@ def test_bfcl_questions_are_refused(tmp_path, renderer):
     assert report.dropped == {"bfcl_contamination": 1} and report.samples == 1 and report.bfcl_check == "on"
 
 
+def test_samples_offering_a_bfcl_function_are_refused(tmp_path, renderer):
+    """A tool with a BFCL function's name and parameters is contamination; the same name with other
+    parameters (a user's own `get_weather`, say) is not."""
+    from agentrig.bfcl.data import load_category
+
+    fn = load_category("simple_python", limit=1)[0].functions[0]
+    copied, own = success_episode(), success_episode()
+    own.episode_id += "-own"
+    copied.tools = copied.tools + [{"type": "function", "function": fn}]
+    own.tools = own.tools + [{"type": "function", "function": {**fn, "parameters": {"type": "object", "properties": {}}}}]
+    report, _ = build(tmp_path, renderer, [copied, own])
+    assert report.dropped == {"bfcl_contamination": 1} and report.samples == 1
+
+
 def test_long_episodes_become_windows_made_by_the_harness_memory(tmp_path, renderer):
     ep = long_episode()
     report, out = build(tmp_path, renderer, [ep], max_seq_length=800)

@@ -5,7 +5,8 @@ are executed. Question files are JSON lines; `possible_answer/` holds the allowe
 single-turn categories and the ground-truth call strings per turn for multi-turn ones.
 
 BFCL is test data only. `bfcl_questions()` and `is_bfcl_question()` let the data build refuse any sample
-whose user text is a BFCL question (all categories, not only the seven run here).
+whose user text is a BFCL question (all categories, not only the seven run here); `is_bfcl_function()` one
+whose offered tools include a function BFCL documents.
 """
 
 from __future__ import annotations
@@ -152,6 +153,40 @@ def _user_texts(question: Any) -> list[str]:
         elif isinstance(item, dict) and item.get("role") == "user" and isinstance(item.get("content"), str):
             texts.append(item["content"])
     return texts
+
+
+def bfcl_function_names() -> frozenset[str]:
+    """The name of every function any BFCL question file or multi-turn backend documents (case-folded)."""
+    return frozenset(_functions())
+
+
+def is_bfcl_function(name: str, params: Any = None) -> bool:
+    """True when a tool named `name` (case-insensitive) is one of BFCL's functions; with `params` (its
+    parameter names), only when some BFCL definition of that name has exactly those parameters."""
+    shapes = _functions().get(name.casefold())
+    if shapes is None:
+        return False
+    return params is None or frozenset(params) in shapes
+
+
+@functools.lru_cache(maxsize=1)
+def _functions() -> dict[str, set[frozenset[str]]]:
+    folder = data_dir()
+    out: dict[str, set[frozenset[str]]] = {}
+
+    def add(fn: Any) -> None:
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            out.setdefault(fn["name"].casefold(), set()).add(frozenset(props))
+
+    for path in _question_files(folder):
+        for row in read_jsonl(path):
+            for fn in row.get("function") or []:
+                add(fn)
+    for doc in MULTI_TURN_DOC_FILES.values():
+        for fn in read_jsonl(folder / "multi_turn_func_doc" / doc):
+            add(fn)
+    return out
 
 
 @functools.lru_cache(maxsize=1)

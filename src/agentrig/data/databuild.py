@@ -156,6 +156,22 @@ def bfcl_checker() -> Callable[[str], bool] | None:
     return is_bfcl_question
 
 
+def bfcl_function_in(tools_json: str) -> str | None:
+    """The first offered tool that reproduces a BFCL function (its name and parameter names), or None."""
+    from agentrig.bfcl.data import is_bfcl_function
+
+    try:
+        tools = json.loads(tools_json or "[]")
+    except ValueError:
+        return None
+    for spec in tools if isinstance(tools, list) else []:
+        fn = spec.get("function", spec) if isinstance(spec, dict) else {}
+        name, props = fn.get("name"), (fn.get("parameters") or {}).get("properties") or {}
+        if isinstance(name, str) and is_bfcl_function(name, props):
+            return name
+    return None
+
+
 # -- checks ---------------------------------------------------------------------------------
 
 
@@ -298,6 +314,11 @@ class _Builder:
             self.dropped["bfcl_contamination"] += 1
             log.warning("sample %s: its user text is a BFCL test question; not trained on", sample.sample_id)
             return None
+        if self.is_bfcl is not None and (copied := bfcl_function_in(sample.tools)):
+            self.dropped["bfcl_contamination"] += 1
+            log.warning("sample %s: it offers BFCL's function %s (same name and parameters); not trained on",
+                        sample.sample_id, copied)
+            return None
         try:
             rendered = self.renderer.sample_turns(sample.messages, sample.weights)
         except RenderError as exc:
@@ -353,8 +374,8 @@ def build_dataset(
         renderer: a ready `Renderer` (tests and the main job reuse one).
         mcp_current: server name -> tool -> definition hash of an MCP server's tools now
             (`agentrig.mcp.client.current_tool_hashes`); episodes that used another version are dropped.
-        bfcl_check: refuse samples whose user text is a BFCL question (skipped with a warning when the
-            bfcl-eval data is not installed).
+        bfcl_check: refuse samples whose user text is a BFCL question or whose tools reproduce a BFCL
+            function (name and parameter names) (skipped with a warning when the bfcl-eval data is not installed).
     """
     started = time.perf_counter()
     paths = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
