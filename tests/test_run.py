@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from agentrig.errors import ConfigError
-from agentrig.run import PROFILES, RunConfig, _curve_steps, _Stages, _train, below_base, run_main_job
+from agentrig.run import (PROFILES, RunConfig, _curve_steps, _Stages, _train, below_base, load_mix, mix_episodes,
+                          parse_mix, run_main_job)
 
 REPO = Path(__file__).resolve().parents[1]
+SHOP = f"{REPO}/examples/my_env.py:make_env"  # the example shop environment, with an expert teacher
 
 
 def test_stage_record_skips_finished_stages(tmp_path):
@@ -95,9 +97,44 @@ def test_profiles_use_the_measured_recipe_and_fit_the_budget(profile, tmp_path, 
 
 @pytest.mark.slow
 def test_tiny_main_job_end_to_end_and_resume(tmp_path):
+    """Every stage of the tiny profile, with `--mix examples/my_env.py:make_env=0.3`: the shop's expert
+    episodes join datadesk's in the training data, base and SFT are evaluated on both, the report shows each
+    environment's table, and a rerun recomputes nothing."""
     out = tmp_path / "run"
-    done = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))
-    assert set(done) == {"collect", "data", "sft", "curve", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"}
+    done = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1, mix=f"{SHOP}=0.3"))
+    assert list(done) == ["collect", "collect_mix_0", "data", "sft", "curve", "eval", "eval_mix_0", "rollouts", "pairs",
+                          "dpo", "eval_dpo", "report"]
+    n = PROFILES["tiny"].train_episodes
+    assert done["collect"]["episodes"] == n == 24
+    assert done["collect_mix_0"]["episodes"] == round(n * 0.3 / 0.7) == 10  # 10 of 34: 29% of all episodes
+    assert (done["collect_mix_0"]["env"], done["collect_mix_0"]["share"]) == (SHOP, 0.3)
+    shop_lines = (out / "collect" / "mix_0.jsonl").read_text().splitlines()
+    assert len(shop_lines) == 10 and {json.loads(line)["task"]["env"] for line in shop_lines} == {"shop"}
+    assert {json.loads(line)["task"]["env"] for line in (out / "collect" / "train.jsonl").read_text().splitlines()} \
+        == {"datadesk"}
+    assert done["data"]["episodes_files"] == [str(out / "collect" / "train.jsonl"), str(out / "collect" / "mix_0.jsonl")]
+    card = json.loads((out / "data" / "data_card.json").read_text())
+    assert set(card["envs"]) == {"datadesk", "shop"} and done["data"]["envs"] == card["envs"]
+    # the primary environment's evaluation is as without a mix; the shop's has its own stage and folder
+    assert done["eval"]["splits"] == ["test", "test_unseen_tools"]
+    assert set(json.loads((out / "eval" / "metrics.json").read_text())["results"]) == {"base", "sft"}
+    mixed = done["eval_mix_0"]
+    assert (mixed["env"], mixed["env_name"], mixed["splits"]) == (SHOP, "shop", ["test", "test_unseen_tools"])
+    payload = json.loads((out / "eval_mix_0" / "metrics.json").read_text())
+    assert set(payload["results"]) == {"base", "sft"}
+    for name in ("base", "sft"):
+        metrics = mixed[name]["metrics"]
+        assert set(metrics["by_split"]) == {"test", "test_unseen_tools"}
+        assert metrics["episodes"] == 2 * PROFILES["tiny"].eval_limit
+        episodes = (out / "eval_mix_0" / Path(mixed[name]["episodes_file"]).name).read_text().splitlines()
+        assert {json.loads(line)["task"]["env"] for line in episodes} == {"shop"}
+    md = (out / "report.md").read_text()
+    assert f"- training mixture: datadesk 24 episodes (70.6%), shop ({SHOP}) 10 episodes (29.4%, share 0.3)" in md
+    section = md.split("## Mixed-in environment: shop", 1)[1]
+    assert f"Mixed-in environment {SHOP}: evaluation on test, test_unseen_tools with 2 tasks per split" in section
+    assert "| metric | base | sft |" in section and "completion on test_unseen_tools" in section
+    assert "| family | base | sft |" in section and ("| buy |" in section or "| checkout |" in section)
+    assert "Mixed-in environment: shop" in (out / "report.html").read_text()
     assert [p["step"] for p in done["curve"]["points"]] == [1, 2]  # the step-1 snapshot, then the final adapter
     assert 0 < done["curve"]["points"][0]["train_minutes"] <= done["curve"]["points"][1]["train_minutes"]
     assert (out / "sft" / "snapshots" / "step-1" / "adapter_model.safetensors").is_file()
@@ -121,9 +158,58 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert "## Why episodes failed" in md and "failed: " in md
     # Rerun with the same folder: every stage is skipped, nothing is recomputed.
     mtime = (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime
-    again = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1))
+    again = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1, mix=f"{SHOP}=0.3"))
     assert again == json.loads((out / "stages.json").read_text())
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime == mtime
+
+
+def test_mix_flag_parses_shares_and_refuses_bad_ones_with_advice():
+    # split on the last '=', since a file spec holds ':'; a share is of all teacher episodes
+    assert parse_mix(f"{SHOP}=0.3") == ((SHOP, 0.3),)
+    assert parse_mix(f" {SHOP}=0.2 , datadesk=0.1") == ((SHOP, 0.2), ("datadesk", 0.1))
+    assert parse_mix("none") == parse_mix("None") == ()
+    assert RunConfig(mix=f"{SHOP}=0.3").mix == f"{SHOP}=0.3" and RunConfig().mix is None  # None: the profile's
+    assert mix_episodes(24, ((SHOP, 0.3),)) == [10]  # 10 of 34 episodes, 29%
+    assert mix_episodes(400, (("a", 0.2), ("b", 0.2))) == [133, 133]
+    assert mix_episodes(4, (("a", 0.01),)) == [1]  # never none
+    for text, message in [(f"{SHOP}=0", r"outside \(0, 0.9\]"), (f"{SHOP}=0.95", r"outside \(0, 0.9\]"),
+                          (f"{SHOP}=-0.1", "outside"), (f"{SHOP}=nan", "outside"), (f"{SHOP}=0.6,datadesk=0.5", "add up to 1.1"),
+                          (f"{SHOP}=0.3,{SHOP}=0.2", "appears twice"), (f"{SHOP}=lots", "'lots' is not a number"),
+                          (SHOP, "write ENV=SHARE, e.g. --mix toolworld=0.3"), ("=0.3", "write ENV=SHARE"),
+                          (",", "names no environment")]:
+        with pytest.raises(ConfigError, match=message):
+            RunConfig(mix=text)  # refused when the config is built, before any run folder is touched
+    assert [env.name for env in load_mix(parse_mix(f"{SHOP}=0.3"), "datadesk")] == ["shop"]
+    with pytest.raises(ConfigError, match=r"--mix nosuchenv=0.3: unknown environment 'nosuchenv': use 'datadesk', "):
+        load_mix(parse_mix("nosuchenv=0.3"), "datadesk")
+    with pytest.raises(ConfigError, match=r"--mix /no/such/env.py:make_env=0.3: environment file .* does not exist"):
+        load_mix(parse_mix("/no/such/env.py:make_env=0.3"), "datadesk")
+    with pytest.raises(ConfigError, match="that is the primary --env already"):
+        load_mix(parse_mix("datadesk=0.3"), "datadesk")
+    with pytest.raises(ConfigError, match="an MCP server needs its tasks file"):
+        load_mix(parse_mix("mcp:stdio:server=0.3"), "datadesk")
+    with pytest.raises(ConfigError, match="the mixture: the shares add up to 1"):  # a profile's mix, same rules
+        load_mix(((SHOP, 0.5), ("datadesk", 0.5)), "x.py:make_env")
+
+
+def test_a_folder_from_before_mixtures_resumes_without_one(tmp_path, monkeypatch):
+    """A run_config.json without `mix` (and without the folder's resolved mixture) resumes, and keeps training on
+    its own environment alone even once the profile's mix is set: no mixed stage is added to a finished run."""
+    from dataclasses import replace
+
+    done = ["collect", "data", "sft", "curve", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"]
+    old = {k: v for k, v in RunConfig(out=str(tmp_path), profile="tiny", workers=1).__dict__.items() if k != "mix"}
+    (tmp_path / "run_config.json").write_text(json.dumps({"config_class": "RunConfig", **old}))
+    records = {name: {"seconds": 1.0} for name in done}
+    records["report"].update(markdown=str(tmp_path / "report.md"), html=str(tmp_path / "report.html"))
+    (tmp_path / "stages.json").write_text(json.dumps(records))
+    monkeypatch.setitem(PROFILES, "tiny", replace(PROFILES["tiny"], mix=((SHOP, 0.3),)))
+    again = run_main_job(RunConfig(out=str(tmp_path), profile="tiny", workers=1))
+    assert list(again) == done  # every stage skipped, none added
+    saved = json.loads((tmp_path / "run_config.json").read_text())
+    assert saved["mix"] is None and saved["resolved_mix"] == []
+    with pytest.raises(ConfigError, match="holds a run with other settings"):  # an explicit --mix is another run
+        run_main_job(RunConfig(out=str(tmp_path), profile="tiny", workers=1, mix=f"{SHOP}=0.3"))
 
 
 def test_the_report_names_families_where_training_lost_ground():

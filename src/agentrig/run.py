@@ -5,18 +5,29 @@ with the same folder skips finished stages (and the collector and the trainer re
 work):
 
 1. collect    expert-teacher episodes on the train split, faults and augmentation on  -> collect/train.jsonl
-2. data       clean, window, render, tokenize and mask                                -> data/
+   collect_mix_<i>  the same for each mixed-in environment (`--mix`, `Profile.mix`)  -> collect/mix_<i>.jsonl
+2. data       clean, window, render, tokenize and mask, every episode file            -> data/
 3. sft        LoRA SFT, r 32 / alpha 64 on every linear layer, lr 1e-3, cosine          -> sft/adapter
               (the seed's q/k/v/o at 2e-4 measured worse here, docs/training.md; the seed's
               YAML still loads and means what it says for `agentrig train`)
    curve      adapter snapshots on a few dev tasks: completion against training minutes -> curve/
-4. eval       base and SFT adapter on the test and unseen-tools splits                -> eval/
+4. eval       base and SFT adapter on the environment's eval splits (datadesk: test and unseen tools) -> eval/
+   eval_mix_<i>  base and SFT on each mixed-in environment's eval splits, same limits  -> eval_mix_<i>/
    (full)     rollouts of the SFT adapter -> preference pairs -> DPO -> eval sft+dpo   -> dpo/
+              (the primary environment only: rollouts, pairs and the SFT+DPO evaluation ignore the mix)
 5. report     markdown + self-contained HTML: loss curve, completion curve, metric bars, families,
               failure classes with one transcript each, transcripts             -> report.md/.html
 
 Profiles fix the sizes and the recipe: `default` aims at 30 minutes on 2 CPU cores; `full` trains longer and adds the
-DPO round. Not covered: distributed runs (use `accelerate launch -m agentrig train` per stage).
+DPO round.
+
+A mixture (`Profile.mix`, or `--mix ENV=SHARE[,ENV=SHARE]`, `--mix none` for none) adds other environments' expert
+episodes to the training data. A share is that environment's part of all teacher episodes: the primary `--env`
+collects the profile's `train_episodes` as without a mix, and each mixed environment
+`round(train_episodes * share / (1 - sum of shares))` (at least 1). A run folder keeps the mixture it started with
+(`resolved_mix` in run_config.json), so a later change of a profile's mix does not alter a half-finished run.
+Not covered: distributed runs (use `accelerate launch -m agentrig train` per stage); MCP servers as mixed-in
+environments (they need a tasks file; run one as the primary `--env` with `--tasks`).
 """
 
 from __future__ import annotations
@@ -24,11 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from agentrig.config import add_flags, from_args, load_saved, opt, save_config
+from agentrig.config import add_flags, comma_list, from_args, load_saved, opt, save_config
 from agentrig.errors import ConfigError
 from agentrig.jsonl import check_output_folder
 
@@ -57,6 +68,8 @@ class Profile:
     dpo: bool = False
     rollout_episodes: int = 0
     dpo_steps: int = 0
+    # other environments and their share of all teacher episodes, e.g. (("toolworld", 0.3),); module docstring
+    mix: tuple[tuple[str, float], ...] = ()
 
 
 PROFILES = {
@@ -73,6 +86,8 @@ PROFILES = {
 }
 EVAL_SPLITS = ["test", "test_unseen_tools"]
 LORA_RANK, LORA_ALPHA = 32, 64  # the seed's LoRA keys (section 3.1), for every profile
+MAX_SHARE = 0.9  # one mixed environment's largest share; the primary environment always keeps some episodes
+Mix = tuple[tuple[str, float], ...]
 
 
 @dataclass
@@ -87,12 +102,99 @@ class RunConfig:
     tasks: str | None = opt(None, "tasks file (JSONL) of an MCP environment (--env mcp:...); docs/mcp.md")
     seed: int = opt(0, "seed of collection, training and evaluation")
     workers: int = opt(2, "collector processes")
+    mix: str | None = opt(None, "other environments' share of the teacher episodes, e.g. toolworld=0.3 or "
+                          "examples/my_env.py:make_env=0.2,toolworld=0.1 (split on the last '='); none: no mixture "
+                          "(default: the profile's)", metavar="ENV=SHARE[,...]|none")
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ConfigError(f"unknown profile {self.profile!r}; choose one of: {', '.join(PROFILES)}")
         if self.workers < 1:
             raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.mix is not None:
+            parse_mix(self.mix)  # syntax and shares here; the environments load in `load_mix`
+
+
+def parse_mix(text: str) -> Mix:
+    """`--mix` text as ((env, share), ...): "none" is no mixture; each comma-separated part is ENV=SHARE, split on
+    its last '=' (file specs hold ':', as in `examples/my_env.py:make_env=0.3`)."""
+    if text.strip().lower() == "none":
+        return ()
+    example = "e.g. --mix toolworld=0.3 or --mix examples/my_env.py:make_env=0.2,toolworld=0.1, or --mix none"
+    mix = []
+    for part in comma_list(text):
+        spec, eq, share = part.rpartition("=")
+        if not eq or not spec.strip():
+            raise ConfigError(f"--mix {part!r}: write ENV=SHARE, {example}")
+        try:
+            mix.append((spec.strip(), float(share)))
+        except ValueError:
+            raise ConfigError(f"--mix {part!r}: the share {share.strip()!r} is not a number, {example}") from None
+    if not mix:
+        raise ConfigError(f"--mix {text!r} names no environment, {example}")
+    check_shares(tuple(mix), "--mix")
+    return tuple(mix)
+
+
+def check_shares(mix: Mix, source: str) -> None:
+    """Each share in (0, MAX_SHARE], their sum below 1 (the primary environment keeps the rest), no env twice."""
+    for spec, share in mix:
+        if not 0 < share <= MAX_SHARE:
+            raise ConfigError(f"{source}: the share {share:g} of {spec!r} is outside (0, {MAX_SHARE:g}]; a share is "
+                              "that environment's part of all teacher episodes, e.g. 0.3 for 30%")
+    total = sum(share for _, share in mix)
+    if total >= 1:
+        raise ConfigError(f"{source}: the shares add up to {total:g}; keep their sum below 1, since the primary "
+                          "--env collects the rest of the teacher episodes")
+    specs = [spec for spec, _ in mix]
+    if len(set(specs)) != len(specs):
+        raise ConfigError(f"{source}: an environment appears twice ({', '.join(specs)}); give each one share")
+
+
+def resolve_mix(cfg: RunConfig, prof: Profile) -> Mix:
+    """The mixture a new run folder trains on: `--mix` when given (`none`: no mixture), else the profile's."""
+    return prof.mix if cfg.mix is None else parse_mix(cfg.mix)
+
+
+def load_mix(mix: Mix, primary: str) -> list[Any]:
+    """Each mixed environment, loaded; refuses bad shares, the primary `--env` again, MCP servers (they need a
+    tasks file) and environments without an expert teacher, naming the `--mix` part."""
+    from agentrig.envs import load_env
+
+    check_shares(mix, "the mixture")  # a profile's mix is held to --mix's rules
+    envs = []
+    for spec, share in mix:
+        where = f"--mix {spec}={share:g}"
+        if spec == primary:
+            raise ConfigError(f"{where}: that is the primary --env already; it collects the profile's train episodes")
+        if spec.startswith("mcp:"):
+            raise ConfigError(f"{where}: an MCP server needs its tasks file, which --mix cannot pass; run it as the "
+                              "primary --env with --tasks (docs/mcp.md)")
+        try:
+            env = load_env(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if env.expert() is None:
+            raise ConfigError(f"{where}: environment {env.name!r} has no expert teacher (Environment.expert), "
+                              "which collects its training episodes")
+        envs.append(env)
+    return envs
+
+
+def mix_episodes(train_episodes: int, mix: Mix) -> list[int]:
+    """Teacher episodes per mixed environment, so that each one's share is of all episodes (at least 1 each)."""
+    rest = 1 - sum(share for _, share in mix)
+    return [max(1, round(train_episodes * share / rest)) for _, share in mix]
+
+
+def mix_text(mix: Mix) -> str:
+    """A mixture in `--mix` syntax (`none` when empty)."""
+    return ",".join(f"{spec}={share:g}" for spec, share in mix) or "none"
+
+
+def _on(cfg: RunConfig, spec: str) -> RunConfig:
+    """The run's settings with a mixed environment as `--env` (mixed environments take no tasks file)."""
+    return replace(cfg, env=spec, tasks=None)
 
 
 class _Stages:
@@ -142,13 +244,13 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
             "recovered": summary.recovered, "faults": dict(summary.faults)}
 
 
-def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_file: str) -> dict[str, Any]:
+def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_files: list[str]) -> dict[str, Any]:
     from agentrig.data.databuild import build_dataset
 
-    report = build_dataset([episodes_file], root / "data", model=cfg.model, max_seq_length=prof.max_seq_length)
+    report = build_dataset(episodes_files, root / "data", model=cfg.model, max_seq_length=prof.max_seq_length)
     card = json.loads((root / "data" / "data_card.json").read_text())
     return {"data_dir": report.out_dir, "samples": card["samples"], "tokens": card["tokens"], "kept": report.kept,
-            "dropped": report.dropped}
+            "dropped": report.dropped, "envs": card["envs"], "episodes_files": list(episodes_files)}
 
 
 def _curve_steps(prof: Profile) -> list[int]:
@@ -245,7 +347,35 @@ def _used_pairs(pairs: dict[str, Any]) -> str:
     return f"{pairs['used']} of {pairs['pairs']} pairs ({kinds})"
 
 
-def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[str, Any]], total_s: float) -> dict[str, Any]:
+def _mixture_note(cfg: RunConfig, stages: dict[str, dict[str, Any]], mix: Mix) -> str:
+    """The report line stating the training mixture: each environment, its teacher episodes and their share."""
+    counts = [(cfg.env, stages["collect"]["episodes"], None)]
+    counts += [(f"{stages[f'eval_mix_{i}']['env_name']} ({spec})", stages[f"collect_mix_{i}"]["episodes"], share)
+               for i, (spec, share) in enumerate(mix)]
+    total = sum(n for _, n, _ in counts)
+    parts = [f"{env} {n} episodes ({n / total:.1%}" + (f", share {share:g})" if share is not None else ")")
+             for env, n, share in counts]
+    return "training mixture: " + ", ".join(parts)
+
+
+def _mix_sections(prof: Profile, stages: dict[str, dict[str, Any]], mix: Mix) -> list[Any]:
+    """One report section per mixed environment: base vs SFT on its eval splits."""
+    from agentrig.evals.metrics import MetricSet
+    from agentrig.evals.report import Section
+
+    sections = []
+    for i, (spec, _) in enumerate(mix):
+        record = stages[f"eval_mix_{i}"]
+        sets = {name: MetricSet.from_dict(v["metrics"]) for name, v in record.items() if isinstance(v, dict) and "metrics" in v}
+        note = (f"Mixed-in environment {spec}: evaluation on {', '.join(record['splits'])} with {prof.eval_limit} tasks "
+                f"per split (the base model: {prof.base_eval_limit or prof.eval_limit}); "
+                + below_base(sets["base"], sets["sft"]))
+        sections.append(Section(f"Mixed-in environment: {record['env_name']}", sets, note))
+    return sections
+
+
+def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[str, Any]], total_s: float,
+            mix: Mix = ()) -> dict[str, Any]:
     from agentrig.evals.metrics import MetricSet
     from agentrig.evals.report import failure_examples, pick_transcripts, rich_table, write_report
     from agentrig.harness.trajectory import read_episodes
@@ -272,10 +402,17 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
     ]
     if "base" in metric_sets:
         notes.append(below_base(metric_sets["base"], metric_sets[trained]))
+    if mix:
+        notes.insert(1, _mixture_note(cfg, stages, mix))
+    sections = _mix_sections(prof, stages, mix)
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
                          failures=failure_examples(trained_episodes), curve=stages.get("curve", {}).get("points"),
-                         title=f"agentrig run ({prof.name}): {cfg.model} on {cfg.env}", notes=notes)
-    Console().print(rich_table(metric_sets, title=f"{cfg.model} on {cfg.env}: base vs trained"))
+                         title=f"agentrig run ({prof.name}): {cfg.model} on {cfg.env}", notes=notes, sections=sections)
+    console = Console()
+    console.print(rich_table(metric_sets, title=f"{cfg.model} on {cfg.env}: base vs trained"))
+    for i, section in enumerate(sections):
+        console.print(rich_table(section.metric_sets, title=f"{cfg.model} on {stages[f'eval_mix_{i}']['env_name']} "
+                                                            "(mixed in): base vs trained"))
     return {"markdown": str(files.markdown), "html": str(files.html)}
 
 
@@ -297,34 +434,54 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     check_output_folder(root, "--out")
     root.mkdir(parents=True, exist_ok=True)
     saved = root / "run_config.json"
+    mix = wanted = resolve_mix(cfg, prof)
     if saved.exists():
         before = load_saved(saved)
         before.setdefault("tasks", None)  # a run folder from before MCP environments
+        before.setdefault("mix", None)  # a run folder from before mixtures ...
+        started_mix = before.pop("resolved_mix", [])  # ... trained on its own environment alone
         if {k: v for k, v in before.items() if k != "workers"} != {k: v for k, v in asdict(cfg).items() if k != "workers"}:
             raise ConfigError(f"{root} holds a run with other settings ({before}); use another --out to start fresh")
-    save_config(cfg, saved)
+        mix = tuple((spec, float(share)) for spec, share in started_mix)  # the folder's, even if the profile's changed
+    save_config(cfg, saved, resolved_mix=[list(part) for part in mix])
     console = Console()
+    if mix != wanted:
+        console.print(f"[yellow]{root} started with --mix {mix_text(mix)}; resuming with it, not with the profile's "
+                      f"{mix_text(wanted)}[/yellow]")
     started = time.perf_counter()
     st = _Stages(root)
     from agentrig.envs import load_env
 
     env = load_env(cfg.env, cfg.tasks)  # refuses a bad --env/--tasks before any stage runs
+    mix_envs = load_mix(mix, cfg.env)  # and a bad --mix
     eval_splits = list(env.eval_splits)
     has_dev = "dev" in env.splits and env.pool_size("dev") != 0
     curve = bool(prof.curve_points) and has_dev
-    names = ["collect", "data", "sft"] + (["curve"] if curve else []) + ["eval"] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"]
+    mixed = range(len(mix))
+    names = (["collect"] + [f"collect_mix_{i}" for i in mixed] + ["data", "sft"] + (["curve"] if curve else []) + ["eval"]
+             + [f"eval_mix_{i}" for i in mixed] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"])
 
     def stage(name: str, label: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return st.run(name, f"[{names.index(name) + 1}/{len(names)}] {label}", fn, console, started)
 
     collect = stage("collect", "collect teacher episodes", lambda: _collect(cfg, prof, root))
-    data = stage("data", "build training data", lambda: _build(cfg, prof, root, collect["episodes_file"]))
+    collected = [stage(f"collect_mix_{i}", f"collect teacher episodes on {spec} (mixed in, share {share:g})",
+                       lambda: {
+                           **_collect(_on(cfg, spec), prof, root, episodes=n, name=f"mix_{i}"), "env": spec, "share": share})
+                 for i, ((spec, share), n) in enumerate(zip(mix, mix_episodes(prof.train_episodes, mix)))]
+    data = stage("data", "build training data", lambda: _build(
+        cfg, prof, root, [collect["episodes_file"]] + [c["episodes_file"] for c in collected]))
     sft = stage("sft", "LoRA SFT", lambda: _train(cfg, prof, root, "sft", data["data_dir"], prof.sft_steps))
     if curve:
         stage("curve", "completion against training minutes (dev snapshots)", lambda: _curve(cfg, prof, root, sft))
     stage("eval", "evaluate base and SFT", lambda: _evaluate(
         cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"], limits={"base": prof.base_eval_limit or prof.eval_limit},
         splits=eval_splits))
+    for i, ((spec, _), mix_env) in enumerate(zip(mix, mix_envs)):
+        stage(f"eval_mix_{i}", f"evaluate base and SFT on {spec} (mixed in)", lambda: {
+            **_evaluate(_on(cfg, spec), prof, root, {"sft": sft["adapter"]}, ["base", "sft"], folder=f"eval_mix_{i}",
+                        limits={"base": prof.base_eval_limit or prof.eval_limit}, splits=list(mix_env.eval_splits)),
+            "env": spec, "env_name": mix_env.name})
     if prof.dpo:
         rollouts = stage("rollouts", "sample the SFT adapter's own rollouts", lambda: _collect(
             cfg, prof, root, teacher="model", episodes=prof.rollout_episodes, name="rollouts", model=cfg.model,
@@ -336,7 +493,7 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         stage("eval_dpo", "evaluate SFT+DPO",
               lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"], folder="eval_dpo",
                                 splits=eval_splits))
-    stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done)))
+    stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done), mix))
     console.print(f"[bold green]done[/bold green]: {st.done['report']['markdown']} and {st.done['report']['html']} "
                   f"(all stages {_mmss(_total_seconds(st.done))}, this invocation {_mmss(time.perf_counter() - started)})")
     return st.done

@@ -3,10 +3,11 @@
 Input is a dict of named metric sets in display order (e.g. `{"base": ..., "sft": ..., "sft+dpo": ...}`),
 optionally the training loss history (`[{"step": int, "loss": float, "stage": "sft"}, ...]`, the rows
 `agentrig.train.trainlog.loss_history` produces, with an optional `stage` per row) and a few episodes to show
-as transcripts. The plots are: the loss curve (one line per stage), the headline metrics of every named
-set side by side with their 95% Wilson intervals, and task completion per family. The HTML page inlines
-the PNGs as base64 so it can be mailed or attached as one file. matplotlib is imported inside the
-plotting functions. Not covered: interactive plots.
+as transcripts, and further `Section`s (e.g. another environment's metric sets, shown as tables without
+plots). The plots are: the loss curve (one line per stage), the headline metrics of every named set side
+by side with their 95% Wilson intervals, and task completion per family. The HTML page inlines the PNGs as
+base64 so it can be mailed or attached as one file. matplotlib is imported inside the plotting functions.
+Not covered: interactive plots; plots of the further sections.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ HEADLINE: tuple[tuple[str, str, bool], ...] = (
     ("recovery", "recovery (faults)", True),
     ("honest_failure", "honest failure (impossible)", True),
 )
+
+
+@dataclass
+class Section:
+    """A further block of the page: a heading, a line of text, and its own named metric sets (tables only)."""
+
+    title: str
+    metric_sets: dict[str, MetricSet]
+    note: str = ""
 
 
 @dataclass
@@ -301,10 +311,12 @@ def markdown_report(
     notes: list[str] | None = None,
     failures: dict[str, Episode] | None = None,
     curve: list[dict[str, Any]] | None = None,
+    sections: list[Section] | None = None,
 ) -> str:
     """The markdown page; plots are referenced by file name (they sit next to the page).
 
-    `failures`: one example episode per failure class (`failure_examples`), shown under its class.
+    `failures`: one example episode per failure class (`failure_examples`), shown under its class;
+    `sections`: further metric tables (e.g. other environments), after the per-family table.
     """
     failures = failures or {}
     names = list(metric_sets)
@@ -326,6 +338,11 @@ def markdown_report(
     parts += ["## Per family", "", _md_table(["family", *names], family_rows(metric_sets)), ""]
     if "families" in plots:
         parts += [f"![families]({plots['families'].name})", ""]
+    for sec in sections or []:
+        sec_names = list(sec.metric_sets)
+        parts += [f"## {sec.title}", ""] + ([sec.note, ""] if sec.note else [])
+        parts += [_md_table(["metric", *sec_names], metric_rows(sec.metric_sets)), "",
+                  _md_table(["family", *sec_names], family_rows(sec.metric_sets)), ""]
     if "failures" in plots or failures:
         parts += ["## Why episodes failed", "", "Each failed episode counts once, under its first decisive cause.", ""]
         if "failures" in plots:
@@ -368,8 +385,9 @@ def html_report(
     notes: list[str] | None = None,
     failures: dict[str, Episode] | None = None,
     curve: list[dict[str, Any]] | None = None,
+    sections: list[Section] | None = None,
 ) -> str:
-    """One self-contained HTML page: tables, the plots inlined as base64 PNGs, transcripts."""
+    """One self-contained HTML page: tables, the plots inlined as base64 PNGs, further sections, transcripts."""
     failures = failures or {}
     names = list(metric_sets)
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -390,6 +408,11 @@ def html_report(
     parts += ["<h2>Per family</h2>", _html_table(["family", *names], family_rows(metric_sets))]
     if "families" in plots:
         parts.append(_img(plots["families"], "per-family completion"))
+    for sec in sections or []:
+        sec_names = list(sec.metric_sets)
+        parts.append(f"<h2>{html.escape(sec.title)}</h2>" + (f"<p>{html.escape(sec.note)}</p>" if sec.note else ""))
+        parts += [_html_table(["metric", *sec_names], metric_rows(sec.metric_sets)),
+                  _html_table(["family", *sec_names], family_rows(sec.metric_sets))]
     if "failures" in plots or failures:
         parts.append("<h2>Why episodes failed</h2><p>Each failed episode counts once, under its first decisive cause.</p>")
         if "failures" in plots:
@@ -412,17 +435,21 @@ def write_report(
     notes: list[str] | None = None,
     failures: dict[str, Episode] | None = None,
     curve: list[dict[str, Any]] | None = None,
+    sections: list[Section] | None = None,
 ) -> ReportFiles:
     """Write the PNG plots, `report.md` and the self-contained `report.html` into `out_dir`.
 
     `failures`: one example episode per failure class of the trained policy (`failure_examples`);
-    `curve`: completion of adapter snapshots against training minutes (`agentrig run`'s curve stage).
+    `curve`: completion of adapter snapshots against training minutes (`agentrig run`'s curve stage);
+    `sections`: further metric tables, e.g. `agentrig run`'s mixed-in environments (no plots of their own).
     """
     out = Path(out_dir)
     plots = write_plots(out, metric_sets, loss_history, curve)
     md_path, html_path = out / "report.md", out / "report.html"
-    md_path.write_text(markdown_report(metric_sets, plots, transcripts or [], title, notes, failures, curve), encoding="utf-8")
-    html_path.write_text(html_report(metric_sets, plots, transcripts or [], title, notes, failures, curve), encoding="utf-8")
+    md_path.write_text(markdown_report(metric_sets, plots, transcripts or [], title, notes, failures, curve, sections),
+                       encoding="utf-8")
+    html_path.write_text(html_report(metric_sets, plots, transcripts or [], title, notes, failures, curve, sections),
+                         encoding="utf-8")
     return ReportFiles(markdown=md_path, html=html_path, plots=plots)
 
 
