@@ -23,6 +23,8 @@ def _example(schema: dict, w) -> object:
     if t == "string":
         if "pattern" in schema and schema["pattern"].startswith("^[0-9]{4}"):
             return "2025-06-30"
+        if schema.get("pattern") == w.parent_pattern():
+            return w.parents[0]["id"]
         return w.records[0]["id"] if "pattern" in schema else w.records[0]["name"]
     if t == "integer":
         return int(schema.get("minimum", 1))
@@ -85,10 +87,12 @@ def test_every_tool_accepts_its_schema_examples_and_rejects_bad_values_field_by_
 def test_no_tool_name_or_domain_of_a_held_out_world_occurs_in_training_worlds():
     train = {s.name for k in range(WORLD_POOL["train"]) for s in specs(world("train", k))}
     train_nouns = {world("train", k).noun for k in range(WORLD_POOL["train"])}
+    train_parents = {world("train", k).parent for k in range(WORLD_POOL["train"])}
     for split in ("dev", "test"):
         for k in range(WORLD_POOL[split]):
             w = world(split, k)
             assert noun_split(w.noun) == split and w.noun not in train_nouns
+            assert noun_split(w.parent) == split and w.parent not in train_parents
             assert not {s.name for s in specs(w)} & train, (split, k)
 
 
@@ -108,7 +112,7 @@ def test_the_expert_completes_every_family_on_held_out_worlds(faults):
             assert res.success, (task.prompt, res.reasons, [s.raw_output for s in ep.steps])
     assert set(done) == set(FAMILIES)
     for family, (ok, n) in done.items():
-        assert ok / n >= (0.98 if faults == 0 else 0.8), (family, ok, n)
+        assert ok / n >= (0.98 if faults == 0 else 0.7), (family, ok, n)  # faulted: two faults in a row end a call
 
 
 def test_parallel_calls_go_out_in_one_turn_and_the_checker_reads_state_and_answer():

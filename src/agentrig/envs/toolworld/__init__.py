@@ -1,11 +1,12 @@
 """The built-in `toolworld` environment: procedurally generated tool worlds, for tools the agent has never seen.
 
-Each task lives in one generated world (`world.py`): an entity kind with its own records and an API of
-8 tool kinds plus near-miss distractors, named and described in the world's own style (`tools.py`), with
-real execution against the episode's copy of the records. `tasks.py` holds the twelve task families,
+Each task lives in one generated world (`world.py`): an entity kind with its own records, a related kind
+each record belongs to, and an API of 9 tool kinds plus near-miss distractors, named and described in the
+world's own style (`tools.py`), with real execution against the episode's copy of the records. `tasks.py` holds the thirteen task families,
 `checker.py` the success rules, `teacher.py` the expert that acts from any state. Splits are disjoint by
 world: the test worlds' nouns, and so every one of their tool names, never occur in a training world
-(`agentrig.envs.toolworld.world.noun_split`); `contamination.py` checks the build against BFCL.
+(`agentrig.envs.toolworld.world.noun_split`); no generated tool is a BFCL function (`tools.BFCL_NAMES`), and
+`agentrig data build` refuses any sample that offers one or asks a BFCL question.
 """
 
 from __future__ import annotations

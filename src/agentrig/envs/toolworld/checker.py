@@ -22,7 +22,7 @@ from agentrig.envs.base import CheckResult, check_answer, check_no_tool_and_impo
 from agentrig.envs.toolworld.tools import ToolworldState
 from agentrig.harness.trajectory import Episode, TaskSpec
 
-_IDS = re.compile(r"\b[A-Z]{2,3}-\d{3,4}\b")
+_IDS = re.compile(r"\b[A-Z]{2,3}-\d{2,4}\b")
 
 
 def check_toolworld(task: TaskSpec, state: ToolworldState, episode: Episode) -> CheckResult:

@@ -7,6 +7,7 @@ distractors among them, so the model must pick the one that fits. Families:
 
 - `lookup`        one call (`get`), the answer quotes one field
 - `chain`         a call whose argument comes from another call's result (`resolve` a name, then `get`)
+- `relation`      a field of the related record a record belongs to (`get`, then `get_parent` with its `<parent>_id`)
 - `parallel`      2-3 independent `get` calls answered together (written in one turn)
 - `search`        1-3 optional filters combined (enum, numeric range, boolean, date window): count and names
 - `count`         `count` grouped by an attribute, sometimes with a nested `where` object
@@ -30,13 +31,13 @@ from agentrig.envs.toolworld.tools import EXPORT_FORMATS, matches, specs
 from agentrig.envs.toolworld.world import World, spell_enum, world
 from agentrig.harness.trajectory import TaskSpec
 
-FAMILIES: dict[str, float] = {"lookup": 1.0, "chain": 1.0, "parallel": 1.0, "search": 1.0, "count": 0.8,
+FAMILIES: dict[str, float] = {"lookup": 1.0, "chain": 1.0, "relation": 0.8, "parallel": 1.0, "search": 1.0, "count": 0.8,
                               "stats": 0.8, "update": 0.8, "schedule": 0.8, "export": 0.6, "irrelevant": 0.6,
                               "missing_value": 0.6, "not_found": 0.6}
 # worlds per split: train draws from many, the held-out splits from fewer (each still a distinct noun set)
 WORLD_POOL = {"train": 600, "dev": 80, "test": 80, "test_unseen_tools": 80}
 FAMILY_KINDS: dict[str, list[str]] = {
-    "lookup": ["get"], "chain": ["resolve", "get"], "parallel": ["get"], "search": ["search"], "count": ["count"],
+    "lookup": ["get"], "chain": ["resolve", "get"], "relation": ["get", "get_parent"], "parallel": ["get"], "search": ["search"], "count": ["count"],
     "stats": ["stats"], "update": ["update"], "schedule": ["schedule"], "export": ["export"], "irrelevant": [],
     "missing_value": [], "not_found": ["get"],
 }
@@ -130,6 +131,15 @@ class TaskFactory:
                              f"Find the {w.noun} called {r['name']} and tell me its {attr.label}."])
         exp = self._value_expect(attr.type, r[attr.name])
         return prompt, {"name": r["name"], "attr": attr.name}, exp, {}
+
+    def _relation(self, w: World, rng: random.Random):
+        r = rng.choice(w.records)
+        parent = next(p for p in w.parents if p["id"] == r[f"{w.parent}_id"])
+        a = rng.choice(w.parent_attributes)
+        prompt = rng.choice([f"What is the {a.label} of the {w.parent} that {w.noun} {r['id']} belongs to?",
+                             f"{w.noun.title()} {r['id']} belongs to a {w.parent}: what is that {w.parent}'s {a.label}?",
+                             f"Which {a.label} does the {w.parent} of {r['id']} have?"])
+        return prompt, {"id": r["id"], "attr": a.name}, self._value_expect(a.type, parent[a.name]), {}
 
     def _parallel(self, w: World, rng: random.Random):
         rs = rng.sample(w.records, rng.choice((2, 2, 3)))

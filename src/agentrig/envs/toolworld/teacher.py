@@ -174,6 +174,19 @@ class _Plan:
             return f"There is no {w.noun} {rid} in the records, so I cannot tell its {a.label}."
         return f"The {w.noun} named {p['name']} ({rid}) has {a.label} {show(_field(r, a.name), a.unit)}."
 
+    def _relation(self) -> str:
+        w, p = self.w, self.p
+        a = w.parent_attr(p["attr"])
+        r = self._record(p["id"])
+        if r is None:
+            return f"There is no {w.noun} {p['id']} in the records, so I cannot tell its {w.parent}."
+        pid = _field(r, f"{w.parent}_id")
+        parent = self.result("get_parent", {"id": pid})
+        if parent is None:
+            return f"{w.noun.title()} {p['id']} belongs to {w.parent} {pid}, but I could not find that {w.parent}'s record."
+        return (f"{w.noun.title()} {p['id']} belongs to {w.parent} {pid} ({_field(parent, 'name')}), whose {a.label} is "
+                f"{show(_field(parent, a.name), a.unit)}.")
+
     def _parallel(self) -> str:
         w, p = self.w, self.p
         a = w.attr(p["attr"])

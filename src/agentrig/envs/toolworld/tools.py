@@ -1,8 +1,10 @@
 """A world's tools: JSON schemas in the world's naming and description styles, executed against an episode's state.
 
-Every world has the same tool *kinds* (`KINDS`), each named and described in the world's own style:
+Every world has the same tool *kinds* (`KINDS`), each named and described in the world's own style
+(9 kinds; the `get_parent` tool is named after the related entity, e.g. `get_site` in a world of turbines):
 
-- `get`       one record by its ID (a string with the world's ID pattern)
+- `get`       one record by its ID (a string with the world's ID pattern); it names the related record
+- `get_parent` one record of the related entity (each record belongs to one: `<parent>_id`)
 - `resolve`   a record's ID from its name
 - `search`    records matching optional filters: every enum attribute, a numeric range (minimum/maximum
               within the attribute's range), a boolean flag, a date window (format `date`), `limit` (default 10)
@@ -29,7 +31,7 @@ from agentrig.envs.toolworld.world import Attribute, World, param_name, spell_en
 from agentrig.harness.tools import Tool
 
 NO_RESULT = "No result"
-KINDS = ("get", "resolve", "search", "count", "stats", "update", "schedule", "export")
+KINDS = ("get", "get_parent", "resolve", "search", "count", "stats", "update", "schedule", "export")
 SIDE_EFFECT_KINDS = ("update", "schedule")
 EXPORT_FORMATS = ("csv", "json", "xlsx")
 # Names BFCL's test data uses that a world would otherwise generate: they get a suffix, so no toolworld tool
@@ -106,11 +108,18 @@ def specs(w: World) -> list[ToolSpecW]:
     flag, date = w.of_type("boolean")[0], w.of_type("date")[0]
     num = nums[0]
     out: list[ToolSpecW] = []
-    fields = ", ".join(["id", "name"] + [a.name for a in w.attributes])
+    fields = ", ".join(["id", "name"] + [a.name for a in w.attributes] + [f"{w.parent}_id"])
 
     out.append(ToolSpecW("get", tool_name(w, w.verbs["get"], noun), f"Return one {noun} record by its ID",
                          f"a JSON object with the fields {fields}", [_id_param(w)], "GET",
                          f"/{plural}/{{{param_name(w, noun, 'id')}}}"))
+    pid = param_name(w, w.parent, "id")
+    pfields = ", ".join(["id", "name"] + [a.name for a in w.parent_attributes])
+    out.append(ToolSpecW("get_parent", tool_name(w, w.verbs["get"], w.parent), f"Return one {w.parent} record by its ID",
+                         f"a JSON object with the fields {pfields}",
+                         [Param("id", pid, {"type": "string", "pattern": w.parent_pattern()},
+                                f"The {w.parent}'s ID, for example {w.parents[0]['id']}.")], "GET",
+                         f"/{w.parent_plural}/{{{pid}}}"))
     out.append(ToolSpecW("resolve", tool_name(w, w.verbs["resolve"], f"{noun}_name"),
                          f"Find the ID of the {noun} with a given name (case-insensitive, exact name)",
                          "a JSON object with id and name", [Param("name", param_name(w, "name"), {"type": "string"},
@@ -253,13 +262,21 @@ def _keyword(s: ToolSpecW, fn: Callable[[dict[str, Any]], Any]) -> Callable[...,
 
 
 def _public(w: World, r: dict[str, Any]) -> dict[str, Any]:
-    return {"id": r["id"], "name": r["name"], **{a.name: r[a.name] for a in w.attributes}}
+    return {"id": r["id"], "name": r["name"], **{a.name: r[a.name] for a in w.attributes},
+            f"{w.parent}_id": r[f"{w.parent}_id"]}
 
 
 def _impl_get(w: World, s: ToolSpecW, st: ToolworldState) -> Callable[[dict[str, Any]], Any]:
     def run(a: dict[str, Any]) -> Any:
         r = st.record(a["id"])
         return _public(w, r) if r else NO_RESULT
+    return run
+
+
+def _impl_get_parent(w: World, s: ToolSpecW, st: ToolworldState) -> Callable[[dict[str, Any]], Any]:
+    def run(a: dict[str, Any]) -> Any:
+        p = next((p for p in w.parents if p["id"] == a["id"]), None)
+        return dict(p) if p else NO_RESULT
     return run
 
 
@@ -383,7 +400,7 @@ def _impl_archive(w: World, s: ToolSpecW, st: ToolworldState) -> Callable[[dict[
 
 
 _IMPLS: dict[str, Callable[[World, ToolSpecW, ToolworldState], Callable[[dict[str, Any]], Any]]] = {
-    "get": _impl_get, "resolve": _impl_resolve, "search": _impl_search, "count": _impl_count, "stats": _impl_stats,
+    "get": _impl_get, "get_parent": _impl_get_parent, "resolve": _impl_resolve, "search": _impl_search, "count": _impl_count, "stats": _impl_stats,
     "update": _impl_update, "schedule": _impl_schedule, "export": _impl_export, "history": _impl_history,
     "tags": _impl_tags, "archive_lookup": _impl_archive,
 }

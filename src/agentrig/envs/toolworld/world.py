@@ -3,8 +3,10 @@
 A world is a pure function of `(split, index)`: `world(split, k)`. Its entity kind (a noun) comes from the
 split's share of `NOUNS`, which are hashed into train (70 %), dev (15 %) and test (15 %), so a test world's
 domain and every tool name built from it (names always contain the noun) never occur in a training world.
-The rest is drawn from parts: 4-6 attributes out of `ATTRIBUTES` (enums, integers and numbers with ranges,
-booleans, ISO dates), the enum values' spelling, 24-40 records with IDs in the world's own format, the tool
+The rest is drawn from parts: 5-7 attributes out of `ATTRIBUTES` (enums, integers and numbers with ranges,
+booleans, ISO dates), the enum values' spelling, 24-40 records with IDs in the world's own format, a related
+entity kind (a noun of the split's share of `PARENT_NOUNS`: sites, depots, wards, ...) whose 4-8 records each
+record belongs to (`<parent>_id`), the tool
 naming style (snake_case, camelCase, dotted namespaces, noun_verb), the parameter naming style, the verbs,
 the description style (one line, Google docstring, OpenAPI-like) and which distractor tools exist.
 
@@ -52,16 +54,30 @@ NOUNS: tuple[tuple[str, str], ...] = (
 )
 
 
+# What a record belongs to (the related entity kind), hashed into splits like NOUNS and disjoint from them.
+PARENT_NOUNS: tuple[tuple[str, str], ...] = (
+    ("site", "sites"), ("depot", "depots"), ("owner", "owners"), ("department", "departments"),
+    ("campus", "campuses"), ("district", "districts"), ("supplier", "suppliers"), ("facility", "facilities"),
+    ("branch", "branches"), ("fleet", "fleets"), ("division", "divisions"), ("hub", "hubs"), ("ward", "wards"),
+    ("workgroup", "workgroups"), ("yard", "yards"), ("terminal", "terminals"), ("agency", "agencies"),
+    ("network", "networks"), ("portfolio", "portfolios"), ("collection", "collections"), ("program", "programs"),
+    ("league", "leagues"), ("club", "clubs"), ("office", "offices"), ("station", "stations"), ("base", "bases"),
+    ("estate", "estates"), ("farm", "farms"), ("lab", "labs"), ("project", "projects"), ("sponsor", "sponsors"),
+    ("operator", "operators"), ("vendor", "vendors"), ("carrier", "carriers"), ("council", "councils"),
+    ("cooperative", "cooperatives"),
+)
+
+
 def noun_split(noun: str) -> str:
     """train / dev / test for an entity noun (a stable hash, 70/15/15)."""
     h = int(hashlib.sha256(f"toolworld-noun/{noun}".encode()).hexdigest(), 16) % 100
     return "train" if h < 70 else "dev" if h < 85 else "test"
 
 
-def split_nouns(split: str) -> list[tuple[str, str]]:
-    """The nouns whose worlds belong to `split` (test_unseen_tools is the test split's worlds)."""
+def split_nouns(split: str, pool: tuple[tuple[str, str], ...] = NOUNS) -> list[tuple[str, str]]:
+    """The nouns (of `pool`: NOUNS or PARENT_NOUNS) whose worlds belong to `split` (test_unseen_tools: test's)."""
     split = "test" if split == "test_unseen_tools" else split
-    return [n for n in NOUNS if noun_split(n[0]) == split]
+    return [n for n in pool if noun_split(n[0]) == split]
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,11 @@ class World:
     verbs: dict[str, str]
     distractors: list[str]
     records: list[dict[str, Any]] = field(default_factory=list)
+    # the related entity: every record belongs to one of these (a relation, e.g. each turbine to one site)
+    parent: str = ""
+    parent_plural: str = ""
+    parent_attributes: list[Attribute] = field(default_factory=list)
+    parents: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -163,6 +184,9 @@ class World:
     def record(self, rid: str) -> dict[str, Any] | None:
         return next((r for r in self.records if r["id"] == rid), None)
 
+    def parent_attr(self, name: str) -> Attribute:
+        return next(a for a in self.parent_attributes if a.name == name)
+
     def by_name(self, name: str) -> dict[str, Any] | None:
         return next((r for r in self.records if r["name"].lower() == name.strip().lower()), None)
 
@@ -175,6 +199,9 @@ class World:
     def fresh_records(self) -> list[dict[str, Any]]:
         """A deep copy of the records: an episode's own state."""
         return copy.deepcopy(self.records)
+
+    def parent_pattern(self) -> str:
+        return f"^{self.parents[0]['id'].split('-')[0]}-[0-9]{{2}}$"
 
 
 def spell_enum(value: str, case: str) -> str:
@@ -231,7 +258,31 @@ def _world_cached(split: str, index: int) -> World:
             name = _name(rng)
         names.add(name.lower())
         w.records.append({"id": rid, "name": name, **{a.name: _value(a, rng, w.enum_case) for a in attrs}})
+    _add_parents(w, split_nouns(split, PARENT_NOUNS))
     return w
+
+
+def _add_parents(w: World, nouns: list[tuple[str, str]]) -> None:
+    """The related entity kind (a parent noun of the same split, so held-out names stay held out), 4-8 of its
+    records with two attributes of their own, and each record's `<parent>_id` (drawn from its own RNG, so
+    the rest of the world does not depend on it)."""
+    rng = random.Random(f"toolworld/{w.split}/{w.index}/parent")
+    w.parent, w.parent_plural = rng.choice(nouns)
+    used = {a.name for a in w.attributes}
+    w.parent_attributes = [rng.choice([a for a in ATTRIBUTES if a.type == t and a.name not in used])
+                           for t in (rng.choice(("enum", "date")), rng.choice(("integer", "number")))]
+    prefix = (re.sub(r"[^A-Z]", "", w.parent.upper())[:2] + "X") if w.parent[:2] == w.noun[:2] else \
+        re.sub(r"[^A-Z]", "", w.parent.upper())[:3]
+    names: set[str] = {r["name"].lower() for r in w.records}
+    for k in rng.sample(range(10, 99), rng.randint(4, 8)):
+        name = _name(rng)
+        while name.lower() in names:
+            name = _name(rng)
+        names.add(name.lower())
+        w.parents.append({"id": f"{prefix}-{k:02d}", "name": name,
+                          **{a.name: _value(a, rng, w.enum_case) for a in w.parent_attributes}})
+    for r in w.records:
+        r[f"{w.parent}_id"] = rng.choice(w.parents)["id"]
 
 
 def world(split: str, index: int) -> World:
