@@ -257,17 +257,8 @@ class _Plan:
         return self.p["answer"]
 
     def _not_found(self) -> str:
-        w, p = self.w, self.p
-        a = w.attr(p["attr"])
-        if "id" in p:
-            r = self._record(p["id"])
-            if r is None:
-                return f"There is no {w.noun} {p['id']} in the records, so I cannot tell its {a.label}."
-            return f"The {a.label} of {w.noun} {p['id']} is {show(_field(r, a.name), a.unit)}."
-        found = self.result("resolve", {"name": p["name"]})
-        if found is None:
-            return f"There is no {w.noun} named {p['name']} in the records, so I cannot tell its {a.label}."
-        return f"The {w.noun} named {p['name']} has the ID {_field(found, 'id')}."
+        """An ID or a name that does not exist: the lookup says "No result", and the answer says so."""
+        return self._lookup() if "id" in self.p else self._chain()
 
 
 def _detour(w: World, call: ToolCall, prompt: str, rng: random.Random) -> ToolCall | None:
