@@ -32,6 +32,15 @@ def test_a_folder_holding_another_run_is_refused(tmp_path):
         run_main_job(RunConfig(out=str(tmp_path), profile="tiny"))
 
 
+def test_a_refused_env_or_mix_leaves_the_folder_free_for_the_corrected_command(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="unknown environment 'nosuchenv'"):
+        run_main_job(RunConfig(out=str(out), profile="tiny", mix="nosuchenv=0.2"))
+    with pytest.raises(ConfigError, match="unknown environment 'nosuch'"):
+        run_main_job(RunConfig(out=str(out), profile="tiny", env="nosuch"))
+    assert not (out / "run_config.json").exists()  # nothing recorded, so the fixed command may use this --out
+
+
 def _trainer_configs(profile: str, tmp_path, monkeypatch) -> list:
     """The `TrainConfig`s the main job's training stages hand to `run_train` for `profile` (SFT, then DPO)."""
     import agentrig.train.train as train

@@ -443,6 +443,11 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         if {k: v for k, v in before.items() if k != "workers"} != {k: v for k, v in asdict(cfg).items() if k != "workers"}:
             raise ConfigError(f"{root} holds a run with other settings ({before}); use another --out to start fresh")
         mix = tuple((spec, float(share)) for spec, share in started_mix)  # the folder's, even if the profile's changed
+    from agentrig.envs import load_env
+
+    # refuse a bad --env/--tasks or --mix before the folder records the run (a retry with the fix would be refused)
+    env = load_env(cfg.env, cfg.tasks)
+    mix_envs = load_mix(mix, cfg.env)
     save_config(cfg, saved, resolved_mix=[list(part) for part in mix])
     console = Console()
     if mix != wanted:
@@ -450,10 +455,6 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
                       f"{mix_text(wanted)}[/yellow]")
     started = time.perf_counter()
     st = _Stages(root)
-    from agentrig.envs import load_env
-
-    env = load_env(cfg.env, cfg.tasks)  # refuses a bad --env/--tasks before any stage runs
-    mix_envs = load_mix(mix, cfg.env)  # and a bad --mix
     eval_splits = list(env.eval_splits)
     has_dev = "dev" in env.splits and env.pool_size("dev") != 0
     curve = bool(prof.curve_points) and has_dev
