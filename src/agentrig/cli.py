@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentrig.train.train", "LoRA SFT or DPO from a YAML config"),
     "export": ("agentrig.train.export", "merge an adapter into full weights for serving"),
     "eval": ("agentrig.evals.evaluate", "evaluate a model or adapters by task completion"),
+    "ttt": ("agentrig.ttt.loop", "test-time training: adapt an adapter to an environment's tools before it works there"),
+    "compare": ("agentrig.evals.paired", "paired comparison of two evaluations on the same tasks (McNemar)"),
     "run": ("agentrig.run", "the main job: collect, build, train, evaluate and report"),
     "chat": ("agentrig.evals.chat", "talk to the agent on the environment's tools in the terminal"),
     "serve": ("agentrig.serve.server", "serve the model and its adapters behind an OpenAI-compatible API"),

@@ -95,9 +95,9 @@ def _source(name: str, stage: str, flag: str) -> Source:
 
 def check_sources(config: TrainConfig) -> tuple[list[Source], list[Source]]:
     """Training and validation sources, each refused before anything loads when the stage cannot read it."""
-    if config.stage == "dpo":
-        if not config.adapter_name_or_path:
-            raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
+    if config.stage == "dpo" and not config.adapter_name_or_path:
+        raise ConfigError("stage dpo needs adapter_name_or_path: the SFT adapter to start from (and the reference)")
+    if config.adapter_name_or_path:
         if not (Path(config.adapter_name_or_path) / "adapter_config.json").is_file():
             raise ConfigError(f"adapter_name_or_path {config.adapter_name_or_path!r} is not a PEFT adapter folder")
     return ([_source(n, config.stage, "dataset:") for n in config.datasets()],

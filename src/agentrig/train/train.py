@@ -279,6 +279,15 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
     val_rows = pack_rows(data.val, config.max_seq_length, packing=config.packing)
     stats.update(samples=len(samples), truncated=truncated, val_samples=len(data.val))
     model = _setup_model(config)
+    peft_config = _lora_config(config)
+    if config.adapter_name_or_path:  # continue training an adapter (LLaMA-Factory's meaning for stage sft)
+        from peft import PeftModel
+
+        from agentrig.models import quiet_loading
+
+        with quiet_loading():
+            model = PeftModel.from_pretrained(model, config.adapter_name_or_path, is_trainable=True)
+        peft_config = None
     _check_vocab(max(max(r["input_ids"]) for r in rows + val_rows), model, config.dataset)
     # Rows of a batch are joined without padding when attention already keeps samples apart by position.
     per_sample_attention = model.config._attn_implementation in (PACKED_ATTENTION, "flash_attention_2",
@@ -289,7 +298,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         model=model, args=args, train_dataset=Dataset.from_list(rows),
         eval_dataset=Dataset.from_list(val_rows) if val_rows else None, processing_class=tokenizer,
         data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
-        peft_config=_lora_config(config), meter=meter)
+        peft_config=peft_config, meter=meter)
     return trainer, stats, data.card
 
 

@@ -77,6 +77,7 @@ class TrainConfig:
         "best-fit pack samples into rows; per-sample position ids keep them from attending to each other"))
     seed: int = field(default=42, metadata=_help("seed for LoRA init, data order and dropout"))
     adapter_name_or_path: str | None = field(default=None, metadata=_help(
+        "a PEFT adapter to continue training (its LoRA settings replace lora_rank/lora_alpha/lora_target); "
         "stage dpo: the SFT adapter to start from, also the frozen reference"))
     pref_beta: float = field(default=0.1, metadata=_help("DPO beta (strength of the KL tie to the reference)"))
     pref_ftx: float = field(default=0.0, metadata=_help(

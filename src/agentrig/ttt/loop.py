@@ -1,0 +1,323 @@
+"""`agentrig ttt`: test-time training of an adapter on an environment's tools, before it works there.
+
+The per-environment loop (docs/ttt.md has the design and the research behind it):
+
+1. **explore** (`explore.py`): the split's tools called from their schemas, from values other tools
+   returned, and with broken values, on fresh states of a *blind* environment (`blind.py`): no checker,
+   no task answers, tasks from the TTT seed namespace;
+2. **practice** (`practice.py`): tasks built backwards from the successful calls and chains, each with its
+   own assertion, kept when the constructed solution passes it;
+3. **rollouts**: the adapter runs the practice tasks through the same harness (system prompt, render,
+   faults on read-only tools). Its successes become SFT data; at its first wrong step in a failed episode
+   the constructed solution takes over (DAgger, `data.dagger.relabel`): the takeover step is the chosen
+   side of a preference pair whose rejected side is the adapter's own step (`pairs.jsonl`), and the
+   relabelled episode is SFT data too;
+4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`) on that data plus a replayed share of
+   the adapter's own training data against forgetting, for `steps` steps or until the time budget runs
+   out; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`, `agentrig serve` or vLLM.
+
+`--control extra_sft` trains the same steps on the replay data only (the compute-matched control of
+docs/ttt.md); `--control none` is the loop. Nothing here calls the environment's checker or reads a task's
+`expected`: the evaluation (`agentrig eval`, `agentrig compare`) is done afterwards, by other code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrig.config import add_flags, from_args, opt, save_config
+from agentrig.errors import ConfigError
+from agentrig.harness import HarnessConfig
+
+CONTROLS = ("none", "extra_sft")
+
+
+@dataclass
+class TTTConfig:
+    """One test-time-training run; saved as `OUT/ttt_config.json`."""
+
+    adapter: str = opt("", "the LoRA adapter folder to adapt (its NAME-ttt is written to --out)", metavar="DIR")
+    out: str = opt("", "output folder: exploration, practice tasks, rollouts, pairs, the training run, NAME-ttt")
+    model: str = opt("smollm2-135m", "base model of the adapter")
+    env: str = opt("datadesk", "environment: datadesk, toolworld, path/to/file.py:make_env or mcp:...")
+    tasks: str | None = opt(None, "tasks file of an MCP environment")
+    split: str = opt("test_unseen_tools", "the split whose tools to adapt to (its tasks are drawn from the TTT "
+                     "seed namespace, never the evaluation's)")
+    budget_minutes: float = opt(10.0, "wall-clock minutes for the whole loop; training stops when they run out")
+    surface_tasks: int = opt(16, "tasks of the split set up to find its tools (none of them is run)")
+    explore_per_tool: int = opt(6, "probes per tool and round")
+    explore_rounds: int = opt(4, "exploration rounds (each uses the values earlier rounds found, so chains form)")
+    explore_faults: float = opt(0.1, "injected-fault rate during exploration (read-only tools only)")
+    practice_tasks: int = opt(48, "practice tasks built backwards from the exploration")
+    rollout_faults: float = opt(0.2, "injected-fault rate on the adapter's practice rollouts (side-effect tools only "
+                                "get faults that stop the call before it runs, as in collection)")
+    max_new_tokens: int = opt(160, "generation limit per step of the rollouts")
+    steps: int = opt(40, "LoRA steps at most (one packed row each)")
+    learning_rate: float = opt(5e-4, "learning rate of the continued adapter (constant)")
+    max_seq_length: int = opt(2048, "tokens per packed row")
+    replay: str | None = opt(None, "training data to replay against forgetting (a data build folder, a "
+                             "tokenized.jsonl or an episodes file); default: the adapter's own, found through "
+                             "the agentrig_train.yaml beside it")
+    replay_share: float = opt(0.3, "share of the TTT training samples drawn from --replay")
+    control: str = opt("none", "`none`: the TTT loop; `extra_sft`: the compute-matched control, the same "
+                       "steps on the replay data only", choices=CONTROLS)
+    seed: int = opt(0, "seed of the exploration, the practice tasks and the training")
+    harness: HarnessConfig = opt(help="the harness rules", factory=HarnessConfig, cli=False)
+    name: str = field(default="", metadata={"cli": False})  # the adapter's name: its folder's
+
+    def __post_init__(self) -> None:
+        if not self.adapter:
+            raise ConfigError("--adapter is required: the LoRA adapter folder to adapt")
+        if not (Path(self.adapter) / "adapter_config.json").is_file():
+            raise ConfigError(f"--adapter {self.adapter}: no adapter_config.json there (a PEFT adapter folder)")
+        if not self.out:
+            raise ConfigError("--out is required")
+        if self.budget_minutes <= 0:
+            raise ConfigError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if not 0.0 <= self.replay_share < 1.0:
+            raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
+        if self.steps < 1 or self.practice_tasks < 1:
+            raise ConfigError("--steps and --practice-tasks must be at least 1")
+        if self.control not in CONTROLS:
+            raise ConfigError(f"--control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
+        self.name = self.name or Path(self.adapter).resolve().name
+
+
+def find_replay(adapter: str) -> str | None:
+    """The training data of an adapter trained by `agentrig train` or `agentrig run`: the `dataset` of the
+    `agentrig_train.yaml` in the folder above it, when that still exists."""
+    import yaml
+
+    cfg = Path(adapter).resolve().parent / "agentrig_train.yaml"
+    if not cfg.is_file():
+        return None
+    data = yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}
+    dataset = data.get("dataset")
+    first = dataset[0] if isinstance(dataset, list) and dataset else dataset
+    if isinstance(first, str) and "," in first:
+        first = first.split(",")[0].strip()
+    return first if isinstance(first, str) and Path(first).exists() else None
+
+
+def _replay_rows(source: str, n: int, seed: int, out: Path, harness: HarnessConfig, model: str) -> Path | None:
+    """`n` samples of the replay data as a tokenized.jsonl in `out` (episodes are built first)."""
+    path = Path(source)
+    if n <= 0:
+        return None
+    if path.is_dir() and (path / "tokenized.jsonl").is_file():
+        path = path / "tokenized.jsonl"
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise ConfigError(f"--replay {source}: empty")
+    first = json.loads(lines[0])
+    if "input_ids" not in first:  # episodes or samples: built with the trainer's own on-the-fly build
+        return path
+    rng = random.Random(f"ttt-replay/{seed}")
+    picked = rng.sample(lines, min(n, len(lines)))
+    dest = out / "replay.tokenized.jsonl"
+    dest.write_text("\n".join(picked) + "\n", encoding="utf-8")
+    return dest
+
+
+class _Deadline:
+    """A TrainerCallback that stops training once the loop's time budget is spent."""
+
+    def __init__(self, deadline: float):
+        from transformers import TrainerCallback
+
+        self.deadline = deadline
+        outer = self
+
+        class Stop(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if time.monotonic() >= outer.deadline:
+                    control.should_training_stop = True
+                    state.stopped_by_budget = True
+
+        self.callback = Stop()
+
+
+def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
+    """Run the loop (module docstring); returns the summary also written to `OUT/ttt.json`."""
+    from agentrig.data.dagger import DaggerSummary, relabel
+    from agentrig.envs import load_env
+    from agentrig.envs.runner import TaskRunner
+    from agentrig.harness.trajectory import write_episodes
+    from agentrig.ttt.blind import BlindEnv, ttt_seed
+    from agentrig.ttt.explore import explore, surfaces
+    from agentrig.ttt.practice import PracticeEnv, build_practice, verify
+
+    started = time.monotonic()
+    deadline = started + 60.0 * cfg.budget_minutes
+    out = Path(cfg.out)
+    if (out / "ttt.json").exists():
+        raise ConfigError(f"--out {out} already holds a finished TTT run (ttt.json); choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "ttt_config.json")
+    replay = cfg.replay or find_replay(cfg.adapter)
+    if cfg.replay_share > 0 and replay is None:
+        raise ConfigError(f"no replay data found for {cfg.adapter} (no agentrig_train.yaml beside it naming an "
+                          "existing dataset): pass --replay DATA or --replay-share 0")
+    summary: dict[str, Any] = {"adapter": cfg.adapter, "name": f"{cfg.name}-ttt" if cfg.control == "none"
+                               else f"{cfg.name}-{cfg.control}", "control": cfg.control, "env": cfg.env,
+                               "split": cfg.split, "replay": replay, "seconds": {}}
+    env = load_env(cfg.env, cfg.tasks)
+    try:
+        env.check_split(cfg.split)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    blind = BlindEnv(env)
+    sft_files: list[str] = []
+    n_practice_samples = 0
+    if cfg.control == "none":
+        t0 = time.monotonic()
+        surf = surfaces(blind, blind.tasks(cfg.split, cfg.surface_tasks, seed=ttt_seed(cfg.seed)))
+        exploration = explore(blind, surf, cfg.harness, seed=cfg.seed, per_tool=cfg.explore_per_tool,
+                              rounds=cfg.explore_rounds, faults=cfg.explore_faults)
+        write_episodes(out / "explore.jsonl", exploration.episodes)
+        summary["exploration"] = {"surfaces": len(surf), "tools": sorted({t for s in surf for t in s.tools}),
+                                  "episodes": len(exploration.episodes), "by_tool": exploration.summary}
+        summary["seconds"]["explore"] = round(time.monotonic() - t0, 1)
+        log(f"explore: {len(exploration.episodes)} probes of {len(summary['exploration']['tools'])} tools "
+            f"in {summary['seconds']['explore']} s")
+
+        t0 = time.monotonic()
+        built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed)
+        penv = PracticeEnv(blind, surf, built)
+        kept = verify(penv, built, cfg.harness)
+        penv = PracticeEnv(blind, surf, kept)
+        with (out / "practice_tasks.jsonl").open("w", encoding="utf-8") as fh:
+            for t in kept:
+                fh.write(json.dumps({"id": t.id, "prompt": t.prompt, "family": t.family,
+                                     "allowed_tools": t.allowed_tools, "assertion": t.expected,
+                                     "plan": t.metadata["plan"]}, ensure_ascii=False) + "\n")
+        summary["practice"] = {"built": len(built), "verified": len(kept),
+                               "families": {f: sum(t.family == f for t in kept) for f in sorted({t.family for t in kept})}}
+        summary["seconds"]["practice"] = round(time.monotonic() - t0, 1)
+        log(f"practice: {len(kept)} of {len(built)} tasks pass their own assertion with the constructed calls")
+        if not kept:
+            raise ConfigError(f"exploration of {cfg.env}/{cfg.split} found no successful call to build a practice "
+                              "task from; see explore.jsonl (more --explore-rounds or --surface-tasks may help)")
+
+        t0 = time.monotonic()
+        from agentrig.policies.loader import PolicySpec, load_policy
+
+        policy = load_policy(PolicySpec(cfg.model, adapters={cfg.name: cfg.adapter},
+                                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
+        policy.use(cfg.name)
+        runner = TaskRunner(penv, cfg.harness, _read_only_faults(penv, cfg.rollout_faults), seed=cfg.seed)
+        opened = [runner.open(t, f"{t.id}#0", f"ttt/{cfg.seed}/{t.id}") for t in kept]
+        student = runner.run(opened, policy, batch_size=16)
+        write_episodes(out / "rollouts.jsonl", student)
+        wins = [e for e in student if e.success]
+        dsum = DaggerSummary()
+        relabelled = list(relabel([e for e in student if not e.success], penv, cfg.harness,
+                                  faults=None, summary=dsum))
+        write_episodes(out / "practice_sft.jsonl", wins + relabelled)
+        pairs = _takeover_pairs(student, relabelled)
+        with (out / "pairs.jsonl").open("w", encoding="utf-8") as fh:
+            for p in pairs:
+                fh.write(json.dumps(p, ensure_ascii=False) + "\n")
+        summary["rollouts"] = {"episodes": len(student), "succeeded": len(wins), "relabelled": dsum.relabelled,
+                               "relabel": dsum.to_dict(), "pairs": len(pairs)}
+        summary["seconds"]["rollouts"] = round(time.monotonic() - t0, 1)
+        log(f"rollouts: the adapter passed {len(wins)}/{len(student)} practice tasks; {dsum.relabelled} corrected "
+            f"by the constructed solution, {len(pairs)} preference pairs")
+        del policy
+        sft_files.append(str(out / "practice_sft.jsonl"))
+        n_practice_samples = len(wins) + len(relabelled)
+    # replay: a share of the samples (the control: the same number of rows, replay only)
+    if cfg.control == "none":
+        n_replay = round(n_practice_samples * cfg.replay_share / (1.0 - cfg.replay_share)) if cfg.replay_share else 0
+    else:
+        n_replay = 10_000  # the control trains on replay data only: all of it is there to draw from
+    replay_file = _replay_rows(replay, n_replay, cfg.seed, out, cfg.harness, cfg.model) if replay else None
+    if replay_file is not None:
+        sft_files.append(str(replay_file))
+    if not sft_files:
+        raise ConfigError("nothing to train on: no practice data and no replay data")
+    summary["train_data"] = {"files": sft_files, "practice_samples": n_practice_samples, "replay_samples": n_replay
+                             if cfg.control == "none" else "all"}
+    t0 = time.monotonic()
+    result = _train(cfg, sft_files, out, deadline)
+    summary["seconds"]["train"] = round(time.monotonic() - t0, 1)
+    final = out / summary["name"]
+    if final.exists():
+        shutil.rmtree(final)
+    shutil.copytree(result.adapter_dir, final)
+    summary.update(adapter_ttt=str(final), steps=result.global_step, tokens=result.tokens,
+                   supervised_tokens=result.supervised_tokens, loss_first=result.loss_history[0]["loss"]
+                   if result.loss_history else None, loss_last=result.loss_history[-1]["loss"]
+                   if result.loss_history else None)
+    summary["seconds"]["total"] = round(time.monotonic() - started, 1)
+    (out / "ttt.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    log(f"trained {result.global_step} steps ({result.tokens} tokens, {result.supervised_tokens} supervised) in "
+        f"{summary['seconds']['train']} s; wrote {final} (total {summary['seconds']['total']} s)")
+    return summary
+
+
+def _read_only_faults(env: Any, rate: float) -> Any:
+    from agentrig.envs.runner import TaskRunner
+
+    if rate <= 0:
+        return None
+    faults = TaskRunner.env_faults(env, rate)
+    return faults
+
+
+def _takeover_pairs(student: list[Any], relabelled: list[Any]) -> list[dict[str, Any]]:
+    """Preference pairs at each takeover: the same context, the constructed step chosen, the adapter's rejected."""
+    from agentrig.data.pairs import Pair
+    from agentrig.harness.transcript import assistant_message, context_at
+
+    by_id = {e.episode_id: e for e in student}
+    out = []
+    for ep in relabelled:
+        info = ep.task.metadata.get("dagger") or {}
+        src, k = by_id.get(info.get("source", "")), info.get("takeover_step")
+        if src is None or k is None or k >= len(src.steps):
+            continue
+        chosen, rejected = assistant_message(ep.steps[k]), assistant_message(src.steps[k])
+        if chosen == rejected:
+            continue
+        out.append(Pair(f"{src.episode_id}@{k}", "episodes", context_at(ep, k), chosen, rejected,
+                        json.dumps(ep.tools, ensure_ascii=False)).trl())
+    return out
+
+
+def _train(cfg: TTTConfig, files: list[str], out: Path, deadline: float) -> Any:
+    from agentrig.train.train import run_train
+    from agentrig.train.trainconfig import TrainConfig
+
+    train_dir = out / "train"
+    if train_dir.exists():
+        shutil.rmtree(train_dir)
+    tcfg = TrainConfig(dataset=",".join(files), model_name_or_path=cfg.model, stage="sft", output_dir=str(train_dir),
+                       adapter_name_or_path=cfg.adapter, learning_rate=cfg.learning_rate,
+                       lr_scheduler_type="constant", warmup_ratio=0.0, per_device_train_batch_size=1,
+                       gradient_accumulation_steps=1, max_seq_length=cfg.max_seq_length, max_steps=cfg.steps,
+                       save_steps=max(cfg.steps, 1), packing=True, seed=cfg.seed)
+    return run_train(tcfg, callbacks=[_Deadline(deadline).callback])
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of `agentrig ttt`."""
+    add_flags(parser, TTTConfig)
+    add_flags(parser.add_argument_group("harness rules (HarnessConfig): those the adapter was trained with"),
+              HarnessConfig)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `agentrig ttt`."""
+    harness = from_args(HarnessConfig, args)
+    cfg = from_args(TTTConfig, args, harness=harness)
+    summary = run_ttt(cfg)
+    print(json.dumps({k: summary[k] for k in ("name", "adapter_ttt", "steps", "seconds")}, indent=1))
+    return 0

@@ -1,0 +1,229 @@
+"""Test-time training (`agentrig ttt`): the blind environment, exploration, practice tasks, the loop, compare."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrig.envs import load_env
+from agentrig.harness import HarnessConfig, run_episode
+from agentrig.harness.policy import PolicyReply
+from agentrig.ttt.blind import BlindEnv, BlindError, ttt_seed
+from agentrig.ttt.explore import explore, sample_pattern, surfaces
+from agentrig.ttt.practice import PracticeEnv, PracticeExpert, build_practice, check_practice, verify
+
+MY_ENV = str(Path(__file__).resolve().parent.parent / "examples" / "my_env.py") + ":make_env"
+
+
+def _explored(spec: str, split: str, rounds: int = 4):
+    env = BlindEnv(load_env(spec))
+    surf = surfaces(env, env.tasks(split, 8, seed=ttt_seed(0)))
+    return env, surf, explore(env, surf, HarnessConfig(), seed=0, per_tool=6, rounds=rounds, faults=0.0)
+
+
+def test_the_blind_environment_refuses_the_checker_the_expert_and_the_answers() -> None:
+    env = BlindEnv(load_env("datadesk"))
+    task = env.tasks("test_unseen_tools", 1, seed=ttt_seed(0))[0]
+    assert task.prompt and task.allowed_tools  # what the harness shows the model stays readable
+    with pytest.raises(BlindError):
+        task.expected["figures"]
+    with pytest.raises(BlindError):
+        task.expected.get("figures")
+    with pytest.raises(BlindError):
+        list(task.expected)
+    tools, state = env.setup(task)  # the real tools, on a fresh state
+    try:
+        with pytest.raises(BlindError):
+            env.check(task, state, None)
+    finally:
+        env.close(state)
+    with pytest.raises(BlindError):
+        env.expert()
+    assert env.families("test_unseen_tools") == {}
+    # the TTT namespace draws other tasks than the evaluation's seed 0
+    evaluation = {t.id for t in load_env("datadesk").tasks("test_unseen_tools", 40, seed=0)}
+    assert not evaluation & {t.id for t in env.tasks("test_unseen_tools", 40, seed=ttt_seed(0))}
+
+
+@pytest.mark.parametrize("spec,split", [(MY_ENV, "test"), ("datadesk", "test_unseen_tools")])
+def test_exploration_makes_valid_and_invalid_calls_of_every_tool(spec: str, split: str) -> None:
+    env, surf, ex = _explored(spec, split)
+    tools = {t for s in surf for t in s.tools}
+    assert tools and set(ex.summary) == tools
+    feedback: dict[str, list[str]] = {}
+    ok: set[str] = set()
+    for ep, call, result in ex.calls():
+        if result.error == "schema":
+            feedback.setdefault(call.name, []).append(result.content)
+        elif result.ok and not result.content.startswith("No result"):
+            ok.add(call.name)
+    assert set(feedback) == tools  # every tool was sent broken arguments and told field by field
+    for name, messages in feedback.items():
+        assert all(m.startswith("Error") and name in m for m in messages)
+    assert len(ok) >= len(tools) - 1 if spec != MY_ENV else ok == tools  # (datadesk's send_report is not offered)
+    # an error-then-fix pair: a broken call, then the same tool succeeding in the same episode
+    def error_then_fix(ep) -> bool:
+        calls = [(c.name, r) for st in ep.steps for c in st.calls for r in st.results if r.call_id == c.id]
+        return any(a[1].error == "schema" and a[0] == b[0] and b[1].ok for a, b in zip(calls, calls[1:]))
+
+    fixed = [ep for ep in ex.episodes if ep.task.metadata["broken"] and error_then_fix(ep)]
+    assert fixed
+    if spec == "datadesk":  # chains: a value from one tool's result used as another tool's argument
+        chains = [ep for ep in ex.episodes if ep.task.metadata["kind"] == "chain"]
+        linked = 0
+        for ep in chains:
+            first, last = ep.steps[0], [st for st in ep.steps if st.calls][-1]
+            if first.results[0].ok and last.results[0].ok:
+                linked += any(str(v) in first.results[0].content for v in last.calls[0].arguments.values())
+        assert linked >= 5
+        assert any(c.name == "list_tickets" for ep in chains for st in ep.steps[1:] for c in st.calls)
+    else:  # a tool that fails on a fresh state is tried after a side-effect call put a state in place
+        assert any(ep.task.metadata["kind"] == "state" and c.name == "checkout" and r.ok
+                   for ep in ex.episodes for st in ep.steps for c in st.calls for r in st.results if r.call_id == c.id)
+
+
+def test_exploration_is_deterministic_in_its_seed() -> None:
+    _, _, a = _explored(MY_ENV, "test")
+    _, _, b = _explored(MY_ENV, "test")
+    calls = lambda ex: [(c.name, json.dumps(c.arguments)) for _, c, _ in ex.calls()]  # noqa: E731
+    assert calls(a) == calls(b)
+
+
+def test_pattern_sampling() -> None:
+    import random
+
+    rng = random.Random(0)
+    for pattern in (r"^T\d{4}$", r"^[A-Z]{2,3}-\d+$", r"^(EUR|USD|JPY)$", r"^\d{4}-\d{2}-\d{2}$"):
+        value = sample_pattern(pattern, rng)
+        assert value is not None
+        import re
+
+        assert re.search(pattern, value)
+    assert sample_pattern(r"^(?!x)[^a]+$", rng) is None  # one this sampler does not know
+
+
+@pytest.mark.parametrize("spec,split", [(MY_ENV, "test"), ("datadesk", "test_unseen_tools"), ("toolworld", "test")])
+def test_practice_tasks_pass_their_own_assertions_with_the_constructed_calls(spec: str, split: str) -> None:
+    env, surf, ex = _explored(spec, split)
+    tasks = build_practice(ex, 24, seed=0)
+    assert tasks
+    penv = PracticeEnv(env, surf, tasks)
+    kept = verify(penv, tasks, HarnessConfig())
+    assert len(kept) >= 0.9 * len(tasks)
+    for task in kept:
+        assert task.expected["calls"] and (task.expected["figures"] or task.expected["terms"])
+        for fig in task.expected["figures"]:  # the answer is not in the request
+            assert str(fig["value"]) not in task.prompt.split() or fig["kind"] == "count"
+    if spec == "datadesk":
+        assert {t.family for t in kept} >= {"practice_single", "practice_chain"}
+    # a wrong answer, or the right answer without the calls, fails the assertion
+    task = kept[0]
+    tools, state = penv.setup(task)
+    try:
+        lazy = run_episode(task, tools, lambda r: PolicyReply("The answer is 42."), HarnessConfig(), episode_id="x")
+    finally:
+        penv.close(state)
+    assert not check_practice(task, lazy).success
+    tools, state = penv.setup(task)
+    try:
+        good = run_episode(task, tools, PracticeExpert(), HarnessConfig(), episode_id="y")
+    finally:
+        penv.close(state)
+    assert check_practice(task, good).success
+    answer_only = type(good)(**{**good.__dict__, "steps": [s for s in good.steps if s.is_final]})
+    assert not check_practice(task, answer_only).success
+
+
+def test_compare_counts_flips_with_mcnemar_and_a_paired_interval(tmp_path: Path, capsys) -> None:
+    from agentrig.cli import main
+    from agentrig.evals.paired import mcnemar_exact, newcombe_paired
+    from agentrig.harness.trajectory import Episode, TaskSpec, write_episodes
+
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(1, 9) == pytest.approx(2 * 11 / 1024)
+    assert mcnemar_exact(5, 5) == 1.0
+    diff, lo, hi = newcombe_paired(10, 2, 8, 20)
+    assert diff == pytest.approx(0.15) and lo < diff < hi and -1 <= lo and hi <= 1
+    # swapping A and B negates the difference and its interval; more pairs narrow it
+    d2, lo2, hi2 = newcombe_paired(10, 8, 2, 20)
+    assert (d2, lo2, hi2) == pytest.approx((-diff, -hi, -lo))
+    _, lo3, hi3 = newcombe_paired(100, 20, 80, 200)
+    assert hi3 - lo3 < hi - lo
+
+    def eps(outcomes: list[bool]) -> list[Episode]:
+        return [Episode(f"t{i}#0", TaskSpec(id=f"t{i}", prompt="p", split="test"), "hermes", "", [], success=s)
+                for i, s in enumerate(outcomes)]
+
+    write_episodes(tmp_path / "a.jsonl", eps([True, False, False, True, False]))
+    write_episodes(tmp_path / "b.jsonl", eps([True, True, True, False, False]))
+    assert main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert "A 2/5, B 3/5" in out and "gained: t1#0, t2#0" in out and "lost: t3#0" in out
+    payload = json.loads((tmp_path / "c.json").read_text())["splits"][0]
+    assert (payload["both"], payload["only_a"], payload["only_b"], payload["neither"]) == (1, 1, 2, 1)
+    from agentrig.errors import ConfigError
+    from agentrig.evals.paired import compare, load_outcomes
+
+    write_episodes(tmp_path / "other.jsonl", [Episode("z#0", TaskSpec(id="z", prompt="p"), "hermes", "", [])])
+    with pytest.raises(ConfigError, match="share no episode id"):
+        compare(load_outcomes(str(tmp_path / "a.jsonl")), load_outcomes(str(tmp_path / "other.jsonl")))
+
+
+@pytest.fixture()
+def tiny_model_and_adapter(tmp_path: Path, smol_tokenizer) -> tuple[Path, Path]:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from agentrig.models import tiny_random_model
+
+    model = tmp_path / "tiny"
+    tiny_random_model(len(smol_tokenizer)).save_pretrained(model)
+    smol_tokenizer.save_pretrained(model)
+    torch.manual_seed(1)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(tiny_random_model(len(smol_tokenizer)), lora).save_pretrained(tmp_path / "adapter")
+    return model, tmp_path / "adapter"
+
+
+def test_a_tiny_ttt_run_changes_the_adapter_and_keeps_the_original(tmp_path: Path, tiny_model_and_adapter,
+                                                                   capsys) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from agentrig.cli import main
+    from agentrig.evals.paired import practice_overlap
+
+    model, adapter = tiny_model_and_adapter
+    original = adapter / "adapter_model.safetensors"
+    digest = hashlib.sha256(original.read_bytes()).hexdigest()
+    out = tmp_path / "ttt"
+    code = main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
+                 "--out", str(out), "--steps", "2", "--practice-tasks", "6", "--max-new-tokens", "8",
+                 "--max-steps", "3", "--replay-share", "0"])
+    assert code == 0
+    summary = json.loads((out / "ttt.json").read_text())
+    assert summary["steps"] == 2 and summary["practice"]["verified"] >= 1
+    assert summary["rollouts"]["episodes"] == summary["practice"]["verified"]
+    assert (out / "explore.jsonl").is_file() and (out / "practice_sft.jsonl").read_text().strip()
+    # the original adapter is untouched; the new one has other LoRA weights
+    assert hashlib.sha256(original.read_bytes()).hexdigest() == digest
+    new = load_file(out / "adapter-ttt" / "adapter_model.safetensors")
+    old = load_file(original)
+    assert set(new) == set(old) and any(not torch.equal(new[k], old[k]) for k in old)
+    # NAME-ttt loads next to NAME in one HFPolicy
+    from agentrig.policies.loader import PolicySpec, load_policy
+
+    policy = load_policy(PolicySpec(str(model), adapters={"adapter": str(adapter),
+                                                          "adapter-ttt": str(out / "adapter-ttt")}))
+    assert set(policy.adapter_names) == {"adapter", "adapter-ttt"}
+    # the evaluator's overlap check reads the practice file
+    env = load_env(MY_ENV)
+    overlap = practice_overlap(out / "practice_tasks.jsonl", env, env.tasks("test", 4, seed=0))
+    assert overlap["eval_tasks"] == 4 and overlap["prompts_verbatim"] == 0 and overlap["expert"]
+    # a finished run folder is not overwritten
+    assert main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
+                 "--out", str(out), "--replay-share", "0"]) == 2
+    assert "already holds a finished TTT run" in capsys.readouterr().err
