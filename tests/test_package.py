@@ -50,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     "bfcl": {"harness", "policies", "evals"},
     "serve": {"harness", "policies", "data", "evals"},
     "mcp": {"harness", "envs"},
+    "ttt": {"harness", "envs", "data", "train", "policies"},  # never evals: the TTT loop does not score itself
 }
 FOUNDATION = {"config", "errors", "jsonl", "models", "progress"}  # small helpers any group may use; they import only each other
 TOP = {"__init__", "__main__", "cli", "run"}  # entry points: may import anything, nothing imports them

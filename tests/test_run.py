@@ -112,7 +112,12 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     out = tmp_path / "run"
     done = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1, mix=f"{SHOP}=0.3"))
     assert list(done) == ["collect", "collect_mix_0", "data", "sft", "curve", "eval", "eval_mix_0", "rollouts", "pairs",
-                          "dpo", "eval_dpo", "report"]
+                          "dpo", "eval_dpo", "ttt", "eval_ttt", "report"]
+    # test-time training adapted the SFT adapter to the unseen-tools split's tools, and was evaluated paired
+    assert done["ttt"]["split"] == "test_unseen_tools" and done["ttt"]["steps"] == 1
+    assert (out / "ttt" / "adapter-ttt" / "adapter_model.safetensors").is_file()
+    assert {r["split"] for r in done["eval_ttt"]["paired"]} == {"test", "test_unseen_tools"}
+    assert all(r["n"] == PROFILES["tiny"].eval_limit for r in done["eval_ttt"]["paired"])
     n = PROFILES["tiny"].train_episodes
     assert done["collect"]["episodes"] == n == 24
     assert done["collect_mix_0"]["episodes"] == round(n * 0.3 / 0.7) == 10  # 10 of 34: 29% of all episodes
@@ -161,10 +166,11 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert set(metrics) == {"base", "sft"}
     assert set(json.loads((out / "eval_dpo" / "metrics.json").read_text())["results"]) == {"sft+dpo"}
     html = (out / "report.html").read_text()
-    assert "data:image/png;base64" in html and "sft+dpo" in html
+    assert "data:image/png;base64" in html and "sft+dpo" in html and "sft+ttt" in html
     md = (out / "report.md").read_text()
     assert "base" in md and "sft" in md and "## Completion against training minutes" in md
     assert "## Why episodes failed" in md and "failed: " in md
+    assert "test-time training on test_unseen_tools: " in md and "sft -> sft+ttt on the same tasks" in md
     # Rerun with the same folder: every stage is skipped, nothing is recomputed.
     mtime = (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime
     again = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1, mix=f"{SHOP}=0.3"))
@@ -250,7 +256,9 @@ def test_tiny_main_job_on_an_mcp_server(tmp_path):
     cfg = RunConfig(out=str(tmp_path / "run"), profile="tiny", workers=1, env=f"mcp:stdio:{FS_BIN} {files}",
                     tasks=str(REPO / "examples" / "mcp" / "files_tasks.jsonl"))
     done = run_main_job(cfg)
-    assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "report"}
+    assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "ttt", "eval_ttt",
+                         "report"}
+    assert done["ttt"]["split"] == "test"  # the file's only evaluation split: its tools
     assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes and done["collect"]["successes"] >= 20
     assert done["eval"]["splits"] == ["test"]
     payload = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())

@@ -15,6 +15,8 @@ work):
    eval_mix_<i>  base and SFT on each mixed-in environment's eval splits, same limits  -> eval_mix_<i>/
    (full)     rollouts of the SFT adapter -> preference pairs -> DPO -> eval sft+dpo   -> dpo/
               (the primary environment only: rollouts, pairs and the SFT+DPO evaluation ignore the mix)
+   (full)     ttt: test-time training of the SFT adapter on the unseen-tools split's tools (`agentrig ttt`,
+              docs/ttt.md) -> eval sft+ttt, paired against sft on the same tasks       -> ttt/, eval_ttt/
 5. report     markdown + self-contained HTML: loss curve, completion curve, metric bars, families,
               failure classes with one transcript each, transcripts             -> report.md/.html
 
@@ -70,6 +72,10 @@ class Profile:
     dpo_steps: int = 0
     # other environments and their share of all teacher episodes, e.g. (("toolworld", 0.3),); module docstring
     mix: tuple[tuple[str, float], ...] = ()
+    ttt_minutes: float = 0.0  # a test-time-training stage of this budget (0: none), docs/ttt.md
+    ttt_practice: int = 32  # practice tasks
+    ttt_steps: int = 40  # LoRA steps at most
+    ttt_explore: tuple[int, int] = (6, 4)  # probes per tool and round, rounds
 
 
 PROFILES = {
@@ -78,11 +84,11 @@ PROFILES = {
                        curve_points=3),
     "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=400,
                     batch_size=1, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
-                    curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24),
+                    curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24, ttt_minutes=10.0),
     # For tests and smoke runs: every stage, minutes of CPU.
     "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
                     batch_size=1, eval_limit=2, eval_max_new_tokens=24, curve_points=2, curve_limit=1, dpo=True,
-                    rollout_episodes=4, dpo_steps=2),
+                    rollout_episodes=4, dpo_steps=2, ttt_minutes=3.0, ttt_practice=3, ttt_steps=1, ttt_explore=(2, 2)),
 }
 EVAL_SPLITS = ["test", "test_unseen_tools"]
 LORA_RANK, LORA_ALPHA = 32, 64  # the seed's LoRA keys (section 3.1), for every profile
@@ -381,11 +387,11 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
     from agentrig.harness.trajectory import read_episodes
     from rich.console import Console
 
-    evals = {name: v for stage in ("eval", "eval_dpo") for name, v in stages.get(stage, {}).items()
+    evals = {name: v for stage in ("eval", "eval_dpo", "eval_ttt") for name, v in stages.get(stage, {}).items()
              if isinstance(v, dict) and "metrics" in v}
     metric_sets = {name: MetricSet.from_dict(v["metrics"]) for name, v in evals.items()}
     history = stages["sft"]["loss_history"] + stages.get("dpo", {}).get("loss_history", [])
-    trained = [n for n in evals if n != "base"][-1]
+    trained = [n for n in evals if n not in ("base", "sft+ttt")][-1]  # the job's trained adapter (TTT: a note)
     trained_episodes = read_episodes(evals[trained]["episodes_file"])
     transcripts = pick_transcripts(trained_episodes, 3)
     times = ", ".join(f"{k} {_mmss(v['seconds'])}" for k, v in stages.items() if "seconds" in v)
@@ -404,6 +410,8 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         notes.append(below_base(metric_sets["base"], metric_sets[trained]))
     if mix:
         notes.insert(1, _mixture_note(cfg, stages, mix))
+    if "eval_ttt" in stages:
+        notes.append(_ttt_note(stages))
     sections = _mix_sections(prof, stages, mix)
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
                          failures=failure_examples(trained_episodes), curve=stages.get("curve", {}).get("points"),
@@ -435,11 +443,13 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     root.mkdir(parents=True, exist_ok=True)
     saved = root / "run_config.json"
     mix = wanted = resolve_mix(cfg, prof)
+    ttt = prof.ttt_minutes > 0
     if saved.exists():
         before = load_saved(saved)
         before.setdefault("tasks", None)  # a run folder from before MCP environments
         before.setdefault("mix", None)  # a run folder from before mixtures ...
         started_mix = before.pop("resolved_mix", [])  # ... trained on its own environment alone
+        ttt = bool(before.pop("resolved_ttt", False))  # a folder from before the TTT stage has none
         if {k: v for k, v in before.items() if k != "workers"} != {k: v for k, v in asdict(cfg).items() if k != "workers"}:
             raise ConfigError(f"{root} holds a run with other settings ({before}); use another --out to start fresh")
         mix = tuple((spec, float(share)) for spec, share in started_mix)  # the folder's, even if the profile's changed
@@ -448,7 +458,7 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     # refuse a bad --env/--tasks or --mix before the folder records the run (a retry with the fix would be refused)
     env = load_env(cfg.env, cfg.tasks)
     mix_envs = load_mix(mix, cfg.env)
-    save_config(cfg, saved, resolved_mix=[list(part) for part in mix])
+    save_config(cfg, saved, resolved_mix=[list(part) for part in mix], resolved_ttt=ttt)
     console = Console()
     if mix != wanted:
         console.print(f"[yellow]{root} started with --mix {mix_text(mix)}; resuming with it, not with the profile's "
@@ -460,7 +470,8 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     curve = bool(prof.curve_points) and has_dev
     mixed = range(len(mix))
     names = (["collect"] + [f"collect_mix_{i}" for i in mixed] + ["data", "sft"] + (["curve"] if curve else []) + ["eval"]
-             + [f"eval_mix_{i}" for i in mixed] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else []) + ["report"])
+             + [f"eval_mix_{i}" for i in mixed] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else [])
+             + (["ttt", "eval_ttt"] if ttt else []) + ["report"])
 
     def stage(name: str, label: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return st.run(name, f"[{names.index(name) + 1}/{len(names)}] {label}", fn, console, started)
@@ -494,10 +505,53 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         stage("eval_dpo", "evaluate SFT+DPO",
               lambda: _evaluate(cfg, prof, root, {"sft+dpo": dpo["adapter"]}, ["sft+dpo"], folder="eval_dpo",
                                 splits=eval_splits))
+    if ttt:
+        split = "test_unseen_tools" if "test_unseen_tools" in eval_splits else eval_splits[-1]
+        adapted = stage("ttt", f"test-time training on the tools of {split}", lambda: _ttt(
+            cfg, prof, root, sft["adapter"], data["data_dir"], split))
+        stage("eval_ttt", "evaluate SFT+TTT", lambda: _eval_ttt(cfg, prof, root, adapted, eval_splits, st.done["eval"]))
     stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done), mix))
     console.print(f"[bold green]done[/bold green]: {st.done['report']['markdown']} and {st.done['report']['html']} "
                   f"(all stages {_mmss(_total_seconds(st.done))}, this invocation {_mmss(time.perf_counter() - started)})")
     return st.done
+
+
+def _ttt(cfg: RunConfig, prof: Profile, root: Path, adapter: str, data_dir: str, split: str) -> dict[str, Any]:
+    from agentrig.harness import HarnessConfig
+    from agentrig.ttt.loop import TTTConfig, run_ttt
+
+    out = root / "ttt"
+    if (out / "ttt.json").exists():  # finished, but the stage record was not written: keep it
+        return json.loads((out / "ttt.json").read_text())
+    per_tool, rounds = prof.ttt_explore
+    tcfg = TTTConfig(adapter=adapter, out=str(out), model=cfg.model, env=cfg.env, tasks=cfg.tasks, split=split,
+                     budget_minutes=prof.ttt_minutes, practice_tasks=prof.ttt_practice, steps=prof.ttt_steps,
+                     explore_per_tool=per_tool, explore_rounds=rounds, max_new_tokens=prof.eval_max_new_tokens,
+                     replay=data_dir, seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
+    return run_ttt(tcfg)
+
+
+def _eval_ttt(cfg: RunConfig, prof: Profile, root: Path, adapted: dict[str, Any], splits: list[str],
+              sft_eval: dict[str, Any]) -> dict[str, Any]:
+    """SFT+TTT on the primary evaluation's tasks, and its paired comparison with SFT there."""
+    from agentrig.evals.paired import compare, load_outcomes
+
+    record = _evaluate(cfg, prof, root, {"sft+ttt": adapted["adapter_ttt"]}, ["sft+ttt"], folder="eval_ttt",
+                       splits=splits)
+    paired = compare(load_outcomes(sft_eval["sft"]["episodes_file"]), load_outcomes(record["sft+ttt"]["episodes_file"]))
+    return {**record, "paired": [r.to_dict() for r in paired]}
+
+
+def _ttt_note(stages: dict[str, dict[str, Any]]) -> str:
+    ttt = stages["ttt"]
+    parts = []
+    for r in stages["eval_ttt"].get("paired", []):
+        parts.append(f"{r['split']} {r['both'] + r['only_a']}/{r['n']} -> {r['both'] + r['only_b']}/{r['n']} "
+                     f"(B - A {r['difference']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], McNemar p "
+                     f"{r['mcnemar_p']:.3f}, gained {r['only_b']}, lost {r['only_a']})")
+    return (f"test-time training on {ttt['split']}: {ttt['practice']['verified']} practice tasks, the adapter passed "
+            f"{ttt['rollouts']['succeeded']}, {ttt['rollouts']['relabelled']} corrected; {ttt['steps']} LoRA steps, "
+            f"{_mmss(ttt['timing']['total'])} in all; sft -> sft+ttt on the same tasks: " + "; ".join(parts))
 
 
 def _total_seconds(done: dict[str, dict[str, Any]]) -> float:

@@ -167,7 +167,7 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
                           "existing dataset): pass --replay DATA or --replay-share 0")
     summary: dict[str, Any] = {"adapter": cfg.adapter, "name": f"{cfg.name}-ttt" if cfg.control == "none"
                                else f"{cfg.name}-{cfg.control}", "control": cfg.control, "env": cfg.env,
-                               "split": cfg.split, "replay": replay, "seconds": {}}
+                               "split": cfg.split, "replay": replay, "timing": {}}
     env = load_env(cfg.env, cfg.tasks)
     try:
         env.check_split(cfg.split)
@@ -184,9 +184,9 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
         write_episodes(out / "explore.jsonl", exploration.episodes)
         summary["exploration"] = {"surfaces": len(surf), "tools": sorted({t for s in surf for t in s.tools}),
                                   "episodes": len(exploration.episodes), "by_tool": exploration.summary}
-        summary["seconds"]["explore"] = round(time.monotonic() - t0, 1)
+        summary["timing"]["explore"] = round(time.monotonic() - t0, 1)
         log(f"explore: {len(exploration.episodes)} probes of {len(summary['exploration']['tools'])} tools "
-            f"in {summary['seconds']['explore']} s")
+            f"in {summary['timing']['explore']} s")
 
         t0 = time.monotonic()
         built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed)
@@ -200,7 +200,7 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
                                      "plan": t.metadata["plan"]}, ensure_ascii=False) + "\n")
         summary["practice"] = {"built": len(built), "verified": len(kept),
                                "families": {f: sum(t.family == f for t in kept) for f in sorted({t.family for t in kept})}}
-        summary["seconds"]["practice"] = round(time.monotonic() - t0, 1)
+        summary["timing"]["practice"] = round(time.monotonic() - t0, 1)
         log(f"practice: {len(kept)} of {len(built)} tasks pass their own assertion with the constructed calls")
         if not kept:
             raise ConfigError(f"exploration of {cfg.env}/{cfg.split} found no successful call to build a practice "
@@ -227,7 +227,7 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
                 fh.write(json.dumps(p, ensure_ascii=False) + "\n")
         summary["rollouts"] = {"episodes": len(student), "succeeded": len(wins), "relabelled": dsum.relabelled,
                                "relabel": dsum.to_dict(), "pairs": len(pairs)}
-        summary["seconds"]["rollouts"] = round(time.monotonic() - t0, 1)
+        summary["timing"]["rollouts"] = round(time.monotonic() - t0, 1)
         log(f"rollouts: the adapter passed {len(wins)}/{len(student)} practice tasks; {dsum.relabelled} corrected "
             f"by the constructed solution, {len(pairs)} preference pairs")
         del policy
@@ -247,7 +247,7 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
                              if cfg.control == "none" else "all"}
     t0 = time.monotonic()
     result = _train(cfg, sft_files, out, deadline)
-    summary["seconds"]["train"] = round(time.monotonic() - t0, 1)
+    summary["timing"]["train"] = round(time.monotonic() - t0, 1)
     final = out / summary["name"]
     if final.exists():
         shutil.rmtree(final)
@@ -256,10 +256,10 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
                    supervised_tokens=result.supervised_tokens, loss_first=result.loss_history[0]["loss"]
                    if result.loss_history else None, loss_last=result.loss_history[-1]["loss"]
                    if result.loss_history else None)
-    summary["seconds"]["total"] = round(time.monotonic() - started, 1)
+    summary["timing"]["total"] = round(time.monotonic() - started, 1)
     (out / "ttt.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     log(f"trained {result.global_step} steps ({result.tokens} tokens, {result.supervised_tokens} supervised) in "
-        f"{summary['seconds']['train']} s; wrote {final} (total {summary['seconds']['total']} s)")
+        f"{summary['timing']['train']} s; wrote {final} (total {summary['timing']['total']} s)")
     return summary
 
 
@@ -309,7 +309,7 @@ def _train(cfg: TTTConfig, files: list[str], out: Path, deadline: float) -> Any:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `agentrig ttt`."""
-    add_flags(parser, TTTConfig)
+    add_flags(parser, TTTConfig, required=("adapter", "out"))
     add_flags(parser.add_argument_group("harness rules (HarnessConfig): those the adapter was trained with"),
               HarnessConfig)
 
@@ -319,5 +319,5 @@ def main(args: argparse.Namespace) -> int:
     harness = from_args(HarnessConfig, args)
     cfg = from_args(TTTConfig, args, harness=harness)
     summary = run_ttt(cfg)
-    print(json.dumps({k: summary[k] for k in ("name", "adapter_ttt", "steps", "seconds")}, indent=1))
+    print(json.dumps({k: summary[k] for k in ("name", "adapter_ttt", "steps", "timing")}, indent=1))
     return 0
