@@ -227,3 +227,30 @@ def test_a_tiny_ttt_run_changes_the_adapter_and_keeps_the_original(tmp_path: Pat
     assert main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
                  "--out", str(out), "--replay-share", "0"]) == 2
     assert "already holds a finished TTT run" in capsys.readouterr().err
+
+
+def test_the_in_context_control_shows_the_exploration_in_the_system_prompt(tmp_path: Path) -> None:
+    from agentrig.evals.incontext import HEADER, InContextPolicy, examples_block
+    from agentrig.harness.trajectory import write_episodes
+
+    _, _, ex = _explored("datadesk", "test_unseen_tools", rounds=2)
+    write_episodes(tmp_path / "explore.jsonl", ex.episodes)
+    block = examples_block(tmp_path / "explore.jsonl", n=8)
+    lines = block.splitlines()
+    assert lines[0] == HEADER and 8 < len(lines) <= 1 + 8 + 2
+    assert any("ticket_details(" in line and "->" in line for line in lines)  # results of the unseen tools
+    assert any("expected" in line for line in lines[9:])  # and a refusal with the harness's field feedback
+    seen = []
+
+    def policy(request):
+        seen.append(request.messages[0]["content"])
+        return PolicyReply("done")
+
+    env = load_env("datadesk")
+    task = env.tasks("test_unseen_tools", 1, seed=0)[0]
+    tools, state = env.setup(task)
+    try:
+        run_episode(task, tools, InContextPolicy(policy, block), HarnessConfig(), episode_id="e")
+    finally:
+        env.close(state)
+    assert seen and seen[0].endswith(block) and seen[0].startswith("You")

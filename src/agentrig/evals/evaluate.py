@@ -163,6 +163,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="how requests to --base-url carry tools: `harness` (default): the harness's messages, "
                              "for servers rendering with the training template; `hermes` / `native`: the form of a "
                              "model tuned on `data build --format openai --openai-tools hermes|native`")
+    parser.add_argument("--context-examples", default=None, metavar="EXPLORE.jsonl",
+                        help="a TTT run's explore.jsonl: give its calls and results in the system prompt (the "
+                             "in-context control of docs/ttt.md)")
+    parser.add_argument("--context-calls", type=int, default=16, help="examples taken from --context-examples")
     parser.add_argument("--out", required=True, help="output folder")
 
 
@@ -229,6 +233,15 @@ def main(args: argparse.Namespace) -> int:
                                         temperature=args.temperature, seed=args.seed, batch_size=args.batch_size))
         variants = _variants(adapters, route, args.include_base)
 
+    if args.context_examples:
+        from agentrig.evals.incontext import InContextPolicy, examples_block
+
+        if not Path(args.context_examples).is_file():
+            raise ConfigError(f"--context-examples {args.context_examples}: no such file (a TTT run's explore.jsonl)")
+        block = examples_block(args.context_examples, args.context_calls)
+        if not block:
+            raise ConfigError(f"--context-examples {args.context_examples}: no recorded call to show")
+        policy = InContextPolicy(policy, block)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, EvalResult] = {}
@@ -241,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
     metric_sets = {name: r.metrics for name, r in results.items()}
     policy_config = {"policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
                      "base_url": args.base_url, "tool_format": args.tool_format if args.base_url else None,
-                     "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
+                     "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                     "context_examples": args.context_examples}
     write_metrics(out, {name: config for name in results}, results, policy_config)
     last = list(results.values())[-1]
     who = "the expert teacher" if args.policy == "expert" else args.model
