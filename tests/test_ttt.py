@@ -254,3 +254,16 @@ def test_the_in_context_control_shows_the_exploration_in_the_system_prompt(tmp_p
     finally:
         env.close(state)
     assert seen and seen[0].endswith(block) and seen[0].startswith("You")
+
+
+def test_practice_goes_mostly_to_the_tools_new_to_the_adapter(tmp_path: Path) -> None:
+    from agentrig.ttt.loop import novel_tools
+
+    _, surf, ex = _explored("datadesk", "test_unseen_tools")
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"messages": [{"role": "system", "content": "\n".join(
+        f"{t}(x: string) - a tool" for t in surf[0].tools if not t.startswith("ticket") and t != "list_tickets")}]}))
+    new = novel_tools(str(tmp_path), surf[0].tools)
+    assert new == {"list_tickets", "ticket_details", "ticket_counts"}
+    tasks = build_practice(ex, 20, seed=0, prefer=new)
+    using = [t for t in tasks if any(s["name"] in new for s in t.metadata["plan"])]
+    assert len(tasks) == 20 and len(using) >= 15

@@ -106,6 +106,19 @@ def find_replay(adapter: str) -> str | None:
     return first if isinstance(first, str) and Path(first).exists() else None
 
 
+def novel_tools(replay: str, tools: list[str]) -> set[str]:
+    """The tools whose name never occurs in the adapter's training data (`replay`: a data build folder, whose
+    samples.jsonl holds the rendered system prompts, or an episodes / samples file): what TTT practises most."""
+    path = Path(replay)
+    text_file = path / "samples.jsonl" if path.is_dir() else path
+    if not text_file.is_file():
+        return set()
+    text = text_file.read_text(encoding="utf-8", errors="replace")
+    if '"input_ids"' in text[:2000] and not path.is_dir():  # token ids only: names cannot be read
+        return set()
+    return {t for t in tools if f"{t}(" not in text and f'"{t}"' not in text}
+
+
 def _replay_rows(source: str, n: int, seed: int, out: Path, harness: HarnessConfig, model: str) -> Path | None:
     """`n` samples of the replay data as a tokenized.jsonl in `out` (episodes are built first)."""
     path = Path(source)
@@ -189,7 +202,9 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
             f"in {summary['timing']['explore']} s")
 
         t0 = time.monotonic()
-        built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed)
+        new_tools = novel_tools(replay, summary["exploration"]["tools"]) if replay else set()
+        summary["exploration"]["new_to_the_adapter"] = sorted(new_tools)
+        built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed, prefer=new_tools or None)
         penv = PracticeEnv(blind, surf, built)
         kept = verify(penv, built, cfg.harness)
         penv = PracticeEnv(blind, surf, kept)

@@ -167,9 +167,11 @@ def _unique_path(result: Any, value: Any) -> list[Any] | None:
     return path
 
 
-def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors: int = 2) -> list[TaskSpec]:
+def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors: int = 2,
+                   prefer: set[str] | None = None, prefer_share: float = 0.75) -> list[TaskSpec]:
     """Up to `n` practice tasks (chains first, then singles, each kind shuffled) from the exploration's
-    successful calls; `distractors` other tools of the surface join each allowlist."""
+    successful calls; `distractors` other tools of the surface join each allowlist. With `prefer` (the tools
+    new to the adapter), up to `prefer_share` of the tasks are ones that call one of them."""
     rng = random.Random(f"ttt-practice/{seed}")
     by_surface = {s.key: s for s in exploration.surfaces}
     calls = successful_calls(exploration)
@@ -231,7 +233,20 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
                 break
     rng.shuffle(chains)
     rng.shuffle(singles)
-    # at most a third of the chains share their last tool with another: spread over tools
+    picked: list[TaskSpec] = []
+    if prefer:
+        uses = lambda t: any(step["name"] in prefer for step in t.metadata["plan"])  # noqa: E731
+        picked = _spread([t for t in chains if uses(t)], [t for t in singles if uses(t)], round(n * prefer_share))
+        chains = [t for t in chains if t not in picked]
+        singles = [t for t in singles if t not in picked]
+    picked += _spread(chains, singles, n - len(picked))
+    for i, t in enumerate(picked):
+        t.id = f"practice-{seed}-{i:04d}"
+    return picked
+
+
+def _spread(chains: list[TaskSpec], singles: list[TaskSpec], n: int) -> list[TaskSpec]:
+    """Up to `n` tasks, chains first, spread over the tool each ends with (no tool takes more than its share)."""
     picked: list[TaskSpec] = []
     for pool in (chains, singles):
         per_tool: dict[str, int] = {}
@@ -241,8 +256,6 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
             if per_tool.get(last, 0) < cap and len(picked) < n:
                 per_tool[last] = per_tool.get(last, 0) + 1
                 picked.append(t)
-    for i, t in enumerate(picked):
-        t.id = f"practice-{seed}-{i:04d}"
     return picked
 
 
