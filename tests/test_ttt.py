@@ -265,5 +265,15 @@ def test_practice_goes_mostly_to_the_tools_new_to_the_adapter(tmp_path: Path) ->
     new = novel_tools(str(tmp_path), surf[0].tools)
     assert new == {"list_tickets", "ticket_details", "ticket_counts"}
     tasks = build_practice(ex, 20, seed=0, prefer=new)
-    using = [t for t in tasks if any(s["name"] in new for s in t.metadata["plan"])]
+    using = [t for t in tasks if t.metadata["plan"][-1]["name"] in new]
     assert len(tasks) == 20 and len(using) >= 15
+
+
+def test_practice_is_spread_over_the_tools_it_ends_with() -> None:
+    import collections
+
+    _, _, ex = _explored("datadesk", "test_unseen_tools")
+    new = {"list_tickets", "ticket_details", "ticket_counts"}
+    tasks = build_practice(ex, 24, seed=0, prefer=new)
+    last = collections.Counter(t.metadata["plan"][-1]["name"] for t in tasks)
+    assert all(last[t] >= 3 for t in new), last  # ticket_counts too, though chains end elsewhere

@@ -328,10 +328,13 @@ def candidates(name: str, schema: dict[str, Any], pool: ValuePool, tool: str, rn
     for example in description_examples(schema):
         if fits(example, {"type": "string", **({"pattern": pattern} if pattern else {})}):
             out.append(Candidate(example))
-    if fmt in ("date", "month"):
-        dates = [p.value for p in pool.values() if isinstance(p.value, str) and _DATE.match(p.value)]
-        for d in dates[:3] or ["2024-03-05"]:
-            out.append(Candidate(d if fmt == "date" else d[:7]))
+    if fmt in ("date", "month"):  # dates (and for a month, months) other results showed, a few distinct ones
+        seen_dates = [p.value for p in pool.values() if isinstance(p.value, str)
+                      and (_DATE.match(p.value) or (fmt == "month" and _MONTH.match(p.value)))]
+        shown = list(dict.fromkeys(d if fmt == "date" else d[:7] for d in seen_dates if fmt == "month" or _DATE.match(d)))
+        rng.shuffle(shown)
+        for d in shown[:4] or (["2024-03-05"] if fmt == "date" else ["2024-03"]):
+            out.append(Candidate(d))
     if pattern:
         sampled = sample_pattern(pattern, rng)
         if sampled is not None:

@@ -171,7 +171,7 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
                    prefer: set[str] | None = None, prefer_share: float = 0.75) -> list[TaskSpec]:
     """Up to `n` practice tasks (chains first, then singles, each kind shuffled) from the exploration's
     successful calls; `distractors` other tools of the surface join each allowlist. With `prefer` (the tools
-    new to the adapter), up to `prefer_share` of the tasks are ones that call one of them."""
+    new to the adapter), up to `prefer_share` of the tasks are ones whose last call is one of them."""
     rng = random.Random(f"ttt-practice/{seed}")
     by_surface = {s.key: s for s in exploration.surfaces}
     calls = successful_calls(exploration)
@@ -235,7 +235,7 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
     rng.shuffle(singles)
     picked: list[TaskSpec] = []
     if prefer:
-        uses = lambda t: any(step["name"] in prefer for step in t.metadata["plan"])  # noqa: E731
+        uses = lambda t: t.metadata["plan"][-1]["name"] in prefer  # noqa: E731  (the task is about the new tool)
         picked = _spread([t for t in chains if uses(t)], [t for t in singles if uses(t)], round(n * prefer_share))
         chains = [t for t in chains if t not in picked]
         singles = [t for t in singles if t not in picked]
@@ -246,16 +246,22 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
 
 
 def _spread(chains: list[TaskSpec], singles: list[TaskSpec], n: int) -> list[TaskSpec]:
-    """Up to `n` tasks, chains first, spread over the tool each ends with (no tool takes more than its share)."""
+    """Up to `n` tasks, chains first, spread over the tool each ends with: no tool takes more than its share
+    of `n` (counted over chains and singles together), and what is left over fills up in the same order."""
+    tools = {t.metadata["plan"][-1]["name"] for t in chains + singles}
+    cap = max(1, -(-n // max(1, len(tools))))
     picked: list[TaskSpec] = []
-    for pool in (chains, singles):
-        per_tool: dict[str, int] = {}
-        cap = max(2, n // max(1, len({t.metadata["plan"][-1]["name"] for t in pool})) + 1) if pool else 0
-        for t in pool:
-            last = t.metadata["plan"][-1]["name"]
-            if per_tool.get(last, 0) < cap and len(picked) < n:
-                per_tool[last] = per_tool.get(last, 0) + 1
-                picked.append(t)
+    per_tool: dict[str, int] = {}
+    for t in chains + singles:
+        last = t.metadata["plan"][-1]["name"]
+        if per_tool.get(last, 0) < cap and len(picked) < n:
+            per_tool[last] = per_tool.get(last, 0) + 1
+            picked.append(t)
+    for t in chains + singles:
+        if len(picked) >= n:
+            break
+        if t not in picked:
+            picked.append(t)
     return picked
 
 
