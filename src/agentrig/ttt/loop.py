@@ -12,7 +12,7 @@ The per-environment loop (docs/ttt.md has the design and the research behind it)
    the constructed solution takes over (DAgger, `data.dagger.relabel`): the takeover step is the chosen
    side of a preference pair whose rejected side is the adapter's own step (`pairs.jsonl`), and the
    relabelled episode is SFT data too;
-4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`) on that data plus a replayed share of
+4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`, constant 1e-4) on that data plus a replayed share of
    the adapter's own training data against forgetting, for `steps` steps or until the time budget runs
    out; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`, `agentrig serve` or vLLM.
 
@@ -60,7 +60,8 @@ class TTTConfig:
                                 "get faults that stop the call before it runs, as in collection)")
     max_new_tokens: int = opt(160, "generation limit per step of the rollouts")
     steps: int = opt(40, "LoRA steps at most (one packed row each)")
-    learning_rate: float = opt(5e-4, "learning rate of the continued adapter (constant)")
+    learning_rate: float = opt(1e-4, "learning rate of the continued adapter (constant; 5e-4 measured worse: "
+                               "docs/ttt.md)")
     max_seq_length: int = opt(2048, "tokens per packed row")
     replay: str | None = opt(None, "training data to replay against forgetting (a data build folder, a "
                              "tokenized.jsonl or an episodes file); default: the adapter's own, found through "
