@@ -97,8 +97,11 @@ def newcombe_paired(both: int, only_a: int, only_b: int, neither: int, z: float 
 
 def _episodes_file(spec: str) -> Path:
     """An episodes file from `FILE`, `DIR:NAME` or `DIR` (one variant)."""
+    from agentrig.jsonl import expect_kind
+
     path = Path(spec)
-    if path.is_file():
+    if path.is_file() or (not path.is_dir() and ":" not in spec):
+        expect_kind(path, ("episodes",), "compare")  # a wrong kind of file: what it is and what writes episodes
         return path
     folder, _, name = spec.rpartition(":") if ":" in spec and not Path(spec).exists() else (spec, "", "")
     folder_path = Path(folder)

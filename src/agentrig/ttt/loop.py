@@ -76,8 +76,9 @@ class TTTConfig:
     def __post_init__(self) -> None:
         if not self.adapter:
             raise ConfigError("--adapter is required: the LoRA adapter folder to adapt")
-        if not (Path(self.adapter) / "adapter_config.json").is_file():
-            raise ConfigError(f"--adapter {self.adapter}: no adapter_config.json there (a PEFT adapter folder)")
+        from agentrig.jsonl import read_adapter_config
+
+        read_adapter_config(self.adapter)  # a wrong folder or file: the one message every command gives
         if not self.out:
             raise ConfigError("--out is required")
         if self.budget_minutes <= 0:
