@@ -259,6 +259,9 @@ def test_tiny_main_job_on_an_mcp_server(tmp_path):
     assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "ttt", "eval_ttt",
                          "report"}
     assert done["ttt"]["split"] == "test"  # the file's only evaluation split: its tools
+    # the filesystem server answers in plain text, so no practice task can quote a result: the stage says so
+    assert "no practice task" in done["ttt"]["skipped"] and done["eval_ttt"]["skipped"] == done["ttt"]["skipped"]
+    assert "test-time training on test: skipped" in (tmp_path / "run" / "report.md").read_text()
     assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes and done["collect"]["successes"] >= 20
     assert done["eval"]["splits"] == ["test"]
     payload = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())

@@ -509,7 +509,8 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
         split = "test_unseen_tools" if "test_unseen_tools" in eval_splits else eval_splits[-1]
         adapted = stage("ttt", f"test-time training on the tools of {split}", lambda: _ttt(
             cfg, prof, root, sft["adapter"], data["data_dir"], split))
-        stage("eval_ttt", "evaluate SFT+TTT", lambda: _eval_ttt(cfg, prof, root, adapted, eval_splits, st.done["eval"]))
+        stage("eval_ttt", "evaluate SFT+TTT", lambda: {"skipped": adapted["skipped"]} if "skipped" in adapted
+              else _eval_ttt(cfg, prof, root, adapted, eval_splits, st.done["eval"]))
     stage("report", "report", lambda: _report(cfg, prof, root, st.done, _total_seconds(st.done), mix))
     console.print(f"[bold green]done[/bold green]: {st.done['report']['markdown']} and {st.done['report']['html']} "
                   f"(all stages {_mmss(_total_seconds(st.done))}, this invocation {_mmss(time.perf_counter() - started)})")
@@ -528,7 +529,7 @@ def _ttt(cfg: RunConfig, prof: Profile, root: Path, adapter: str, data_dir: str,
                      budget_minutes=prof.ttt_minutes, practice_tasks=prof.ttt_practice, steps=prof.ttt_steps,
                      explore_per_tool=per_tool, explore_rounds=rounds, max_new_tokens=prof.eval_max_new_tokens,
                      replay=data_dir, seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
-    return run_ttt(tcfg)
+    return run_ttt(tcfg, skip_empty=True)
 
 
 def _eval_ttt(cfg: RunConfig, prof: Profile, root: Path, adapted: dict[str, Any], splits: list[str],
@@ -544,6 +545,8 @@ def _eval_ttt(cfg: RunConfig, prof: Profile, root: Path, adapted: dict[str, Any]
 
 def _ttt_note(stages: dict[str, dict[str, Any]]) -> str:
     ttt = stages["ttt"]
+    if "skipped" in ttt:
+        return f"test-time training on {ttt['split']}: skipped ({ttt['skipped']})"
     parts = []
     for r in stages["eval_ttt"].get("paired", []):
         parts.append(f"{r['split']} {r['both'] + r['only_a']}/{r['n']} -> {r['both'] + r['only_b']}/{r['n']} "

@@ -159,8 +159,10 @@ class _Deadline:
         self.callback = Stop()
 
 
-def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
-    """Run the loop (module docstring); returns the summary also written to `OUT/ttt.json`."""
+def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[str, Any]:
+    """Run the loop (module docstring); returns the summary also written to `OUT/ttt.json`. With
+    `skip_empty` (the main job's stage), an exploration that yields no practice task ends the loop with a
+    `skipped` reason in the summary instead of an error."""
     from agentrig.data.dagger import DaggerSummary, relabel
     from agentrig.envs import load_env
     from agentrig.envs.runner import TaskRunner
@@ -219,6 +221,12 @@ def run_ttt(cfg: TTTConfig, log: Any = print) -> dict[str, Any]:
                                "families": {f: sum(t.family == f for t in kept) for f in sorted({t.family for t in kept})}}
         summary["timing"]["practice"] = round(time.monotonic() - t0, 1)
         log(f"practice: {len(kept)} of {len(built)} tasks pass their own assertion with the constructed calls")
+        if not kept and skip_empty:
+            summary["skipped"] = ("no practice task: no exploration call returned a JSON result to quote "
+                                  "(tools that answer in plain text are not covered yet)")
+            (out / "ttt.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            log(f"ttt skipped: {summary['skipped']}")
+            return summary
         if not kept:
             raise ConfigError(f"exploration of {cfg.env}/{cfg.split} found no successful call to build a practice "
                               "task from; see explore.jsonl (more --explore-rounds or --surface-tasks may help)")
