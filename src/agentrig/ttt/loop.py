@@ -237,7 +237,8 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         policy = load_policy(PolicySpec(cfg.model, adapters={cfg.name: cfg.adapter},
                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
         policy.use(cfg.name)
-        runner = TaskRunner(penv, cfg.harness, _read_only_faults(penv, cfg.rollout_faults), seed=cfg.seed)
+        faults = TaskRunner.env_faults(penv, cfg.rollout_faults) if cfg.rollout_faults > 0 else None
+        runner = TaskRunner(penv, cfg.harness, faults, seed=cfg.seed)
         opened = [runner.open(t, f"{t.id}#0", f"ttt/{cfg.seed}/{t.id}") for t in kept]
         student = runner.run(opened, policy, batch_size=16)
         write_episodes(out / "rollouts.jsonl", student)
@@ -286,15 +287,6 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
     log(f"trained {result.global_step} steps ({result.tokens} tokens, {result.supervised_tokens} supervised) in "
         f"{summary['timing']['train']} s; wrote {final} (total {summary['timing']['total']} s)")
     return summary
-
-
-def _read_only_faults(env: Any, rate: float) -> Any:
-    from agentrig.envs.runner import TaskRunner
-
-    if rate <= 0:
-        return None
-    faults = TaskRunner.env_faults(env, rate)
-    return faults
 
 
 def _takeover_pairs(student: list[Any], relabelled: list[Any]) -> list[dict[str, Any]]:

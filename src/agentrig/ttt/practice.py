@@ -25,10 +25,9 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
-from agentrig.envs.base import (CheckResult, Environment, check_answer, classify_observation, numbers_in,
-                                settle)
+from agentrig.envs.base import CheckResult, Environment, check_answer, classify_observation, settle
 from agentrig.harness import HarnessConfig, run_episode
 from agentrig.harness.policy import PolicyReply, PolicyRequest
 from agentrig.harness.protocol import get_protocol
@@ -455,15 +454,3 @@ def verify(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessCo
         if check_practice(task, ep).success:
             kept.append(task)
     return kept
-
-
-def numbers_given(task: TaskSpec) -> list[float]:
-    """Numbers a practice request states (for reports)."""
-    return numbers_in(task.prompt)
-
-
-def iter_plans(tasks_: list[TaskSpec]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(tool, arguments) of every constructed call of `tasks_` (the evaluator's overlap check reads these)."""
-    for t in tasks_:
-        for step in t.metadata.get("plan", []):
-            yield step["name"], step["arguments"]
