@@ -142,3 +142,32 @@ def test_a_comparison_that_names_the_wrong_winner_fails(solved):
     a, b = (figure_spec(f)[0] for f in task.expected["figures"])
     answer = f"{loser} was higher ({a:,.2f} vs {b:,.2f}); {winner} came second."
     assert not _recheck(env, task, state, ep, answer=answer).success
+
+
+def test_a_right_count_without_its_look_up_fails():
+    """A count is a small integer a model can guess: the tool it comes from (or run_sql) must have answered."""
+    from agentrig.harness.trajectory import Step, ToolCall, ToolResult
+
+    env = load_env("datadesk")
+    task = next(t for t in env.tasks("test_unseen_tools", 40) if t.metadata["variant"] == "open_count")
+    tools, state = env.setup(task)
+    ep = run_episode(task, tools, env.expert(), HarnessConfig(), episode_id=task.id)
+    assert env.check(task, state, ep).success, ep.final_answer
+    called = {c.name for s in ep.steps for c in s.calls}
+    assert "list_tickets" in called
+
+    def episode(*calls: tuple[str, bool]):
+        guess = copy.deepcopy(ep)
+        step = Step(index=0, raw_output="", text="")
+        for i, (name, ok) in enumerate(calls):
+            step.calls.append(ToolCall(f"c{i}", name, {}))
+            step.results.append(ToolResult(f"c{i}", name, "{}", ok=ok))
+        guess.steps = [step, Step(index=1, raw_output=ep.final_answer, text=ep.final_answer, is_final=True)]
+        return guess
+
+    only_customer = env.check(task, state, episode(("find_customer", True)))
+    assert not only_customer.success and not only_customer.figures_ok
+    assert any("not looked up" in r and "list_tickets" in r for r in only_customer.reasons), only_customer.reasons
+    assert not env.check(task, state, episode(("find_customer", True), ("list_tickets", False))).success
+    assert env.check(task, state, episode(("find_customer", True), ("list_tickets", True))).success
+    assert env.check(task, state, episode(("run_sql", True))).success

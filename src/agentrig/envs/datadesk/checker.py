@@ -3,7 +3,10 @@
 Rules, in order (every failed rule adds a reason):
 - the episode ended with a final answer;
 - expected figures appear in the final answer, matched by kind (`envs.base.figure_matches`: counts exactly,
-  amounts to the cent, converted sums and percentages within their rounding), and
+  amounts to the cent, converted sums and percentages within their rounding); a count must also have been
+  looked up: a small integer is easy to guess, so the episode needs a successful call to the tool the count
+  comes from (the last of the task's `needed_tools` that is not `calculator`, `send_report`,
+  `describe_table` or `list_tables`, under this episode's name) or to `run_sql`; and
   expected terms (names, e-mails, SKUs) appear verbatim (case-insensitive); comparisons name the winner;
 - a required report was sent exactly once, to the right address, with every figure in its body;
 - nothing forbidden happened: a report when none was asked for, any tool call on a request that needs no
@@ -33,7 +36,7 @@ def check_datadesk(task: TaskSpec, state: DatadeskState, episode: Episode) -> Ch
     exp: dict[str, Any] = task.expected
     res = CheckResult(success=True)
     answer = check_answer(exp, episode, res)
-    low = answer.lower()
+    _check_count_grounded(task, episode, res)
     winner = exp.get("winner")
     if winner is not None and _first_named(answer, exp["candidates"]) != winner:
         res.figures_ok = False
@@ -61,6 +64,25 @@ def check_datadesk(task: TaskSpec, state: DatadeskState, episode: Episode) -> Ch
 
     check_no_tool_and_impossible(exp, task.prompt, answer, episode, res, ignore=_DATE)
     return settle(res, episode, answer)
+
+
+_NOT_A_SOURCE = {"calculator", "send_report", "describe_table", "list_tables", "note"}
+
+
+def _check_count_grounded(task: TaskSpec, episode: Episode, res: CheckResult) -> None:
+    """A count in the answer counts only when the tool it comes from (or `run_sql`) answered in this episode."""
+    exp = task.expected
+    if not any(figure_spec(f)[1] == "count" for f in exp.get("figures", [])):
+        return
+    sources = [t for t in exp.get("needed_tools", []) if t not in _NOT_A_SOURCE]
+    if not sources:
+        return
+    names = (task.metadata.get("rename") or {}).get("tools", {})
+    wanted = {names.get(t, t) for t in (sources[-1], "run_sql")}
+    if not any(r.ok and r.name in wanted for s in episode.steps for r in s.results):
+        res.figures_ok = False
+        res.reasons.append(f"the count was not looked up: no successful call to {names.get(sources[-1], sources[-1])}"
+                           f" or {names.get('run_sql', 'run_sql')}")
 
 
 def _first_named(answer: str, candidates: list[str]) -> str | None:
