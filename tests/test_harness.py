@@ -82,6 +82,26 @@ def test_identical_call_three_times_is_stuck():
     assert "identical call to 'add' 3 times" in ep.steps[-1].notices[-1]
 
 
+def test_repeat_after_success_gets_a_notice_when_asked():
+    script = [call("add", a=2, b=3), call("add", a=2, b=3), "2 + 3 = 5."]
+    ep = run_episode(TASK, tools(), ScriptedPolicy(script), HarnessConfig(memory=False, repeat_notice=True))
+    notice = feedback("repeated_after_success", tool="add")
+    assert ep.steps[0].notices == [] and ep.steps[1].notices == [notice]
+    assert [m["role"] for m in ep.messages_full] == ["system", "user", "assistant", "tool", "assistant", "tool", "user",
+                                                      "assistant"]
+    assert ep.messages_full[5]["content"] == "5" and ep.messages_full[6]["content"] == notice  # the call still ran
+    assert ep.termination == "final_answer"
+    # off by default; never after a failed call (that is a retry); the stuck rule still ends the third identical call
+    ep = run_episode(TASK, tools(), ScriptedPolicy(script), HarnessConfig(memory=False))
+    assert all(s.notices == [] for s in ep.steps)
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("flaky", x=1)] * 2 + ["down"]),
+                     HarnessConfig(memory=False, repeat_notice=True))
+    assert all(s.notices == [] for s in ep.steps)
+    ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=1, b=1)] * 5), HarnessConfig(repeat_notice=True))
+    assert ep.termination == "stuck" and [len(s.notices) for s in ep.steps] == [0, 1, 1]
+    assert "identical call to 'add' 3 times" in ep.steps[-1].notices[-1]
+
+
 def test_max_steps_token_budget_and_wall_clock():
     ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=i, b=1) for i in range(20)]), HarnessConfig(max_steps=4))
     assert ep.termination == "max_steps" and len(ep.steps) == 4

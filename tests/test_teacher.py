@@ -161,3 +161,59 @@ def test_most_faulted_episodes_still_succeed(env):
         if not res.success:
             assert ep.faults  # without faults the expert never fails
     assert ok / total > 0.85
+
+
+def test_repeat_detour_resends_a_call_that_answered_then_goes_on(env):
+    """A repeat detour: the identical call again behind the student's retry sentence (weight 0), the harness's
+    notice, and a supervised next step that goes on from the first result; the episode still succeeds."""
+    notice_cfg = HarnessConfig(repeat_notice=True)
+    seen = 0
+    for task in env.tasks("train", 60, seed=4):
+        tools, state = env.setup(task)
+        ep = run_episode(task, tools, ExpertTeacher(repeat_rate=1.0), notice_cfg, episode_id=task.id)
+        res = env.check(task, state, ep)
+        assert res.success, (task.id, task.family, ep.final_answer, res.reasons)
+        zero = [s for s in ep.steps if s.weight == 0.0]
+        assert len(zero) <= 1
+        if not zero:
+            continue
+        seen += 1
+        z = zero[0]
+        before = ep.steps[z.index - 1]
+        assert [(c.name, c.arguments) for c in z.calls] == [(c.name, c.arguments) for c in before.calls]
+        assert before.results[0].ok and z.raw_output.split("\n")[0].endswith("trying once more.")
+        assert z.notices == [f"Notice: '{z.calls[0].name}' already answered exactly this call, and its result is "
+                             "above. Do not send it again: use that result for your next call or for your final answer."]
+        after = ep.steps[z.index + 1]
+        assert after.weight == 1.0 and [(c.name, c.arguments) for c in after.calls] != [(c.name, c.arguments)
+                                                                                         for c in z.calls]
+        assert "trying once more" not in after.raw_output
+        assert all(c.name != "send_report" for c in z.calls)
+    assert seen >= 20, seen
+    # with injected faults too: a repeat never follows a retry (a third identical call would end the episode)
+    faults = FaultConfig.from_total(0.25)
+    ends = {}
+    for rate in (0.0, 1.0):
+        eps = []
+        for task in env.tasks("train", 60, seed=4):
+            tools, state = env.setup(task)
+            ep = run_episode(task, tools, ExpertTeacher(repeat_rate=rate), notice_cfg, episode_id=task.id,
+                             tool_hook=faults.injector(task.id, tools=tools))
+            eps.append((ep.termination, env.check(task, state, ep).success))
+        ends[rate] = eps
+    assert all(t != "stuck" for t, _ in ends[1.0])
+    assert sum(ok for _, ok in ends[1.0]) >= sum(ok for _, ok in ends[0.0]) - 1
+    # without the option the teacher's episodes are the ones it always wrote
+    task = _task(env, "chained_lookup")
+    plain, _, _ = _run(env, task)
+    zero_rate, _, _ = _run(env, task, teacher=ExpertTeacher(repeat_rate=0.0))
+    assert [s.raw_output for s in plain.steps] == [s.raw_output for s in zero_rate.steps]
+
+
+def test_repeat_detours_on_an_expert_without_them_is_a_clear_error():
+    from agentrig.data.collect import CollectConfig, _expert
+    from agentrig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="has no repeat detours"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", repeat_detours=0.5))
+    assert _expert(load_env("datadesk"), CollectConfig(repeat_detours=0.5)).repeat_rate == 0.5

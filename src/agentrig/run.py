@@ -65,6 +65,8 @@ class Profile:
     lora_target: str = "all"  # LoRA on every linear layer; the seed's q/k/v/o measured worse (docs/training.md)
     learning_rate: float = 1.0e-3  # LoRA's best rate is ~10x full fine-tuning's; 2e-4 barely moved the loss here
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
+    repeat_notice: bool = False  # HarnessConfig.repeat_notice at collection and evaluation
+    repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
@@ -233,6 +235,13 @@ def _mmss(seconds: float) -> str:
 # -- stages -----------------------------------------------------------------------------------
 
 
+def _harness(prof: Profile) -> Any:
+    """The harness rules a profile collects and evaluates with."""
+    from agentrig.harness import HarnessConfig
+
+    return HarnessConfig(tool_listing=prof.tool_listing, repeat_notice=prof.repeat_notice)
+
+
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
              episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
     from agentrig.data.collect import CollectConfig, run_collect
@@ -244,7 +253,10 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
-                         detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing, **extra)
+                         detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing,
+                         repeat_notice=prof.repeat_notice,
+                         repeat_detours=prof.repeat_detours if teacher == "expert" and cfg.env == "datadesk" else 0.0,
+                         **extra)
     summary = run_collect(ccfg, resume=out.exists(), progress=True)
     return {"episodes_file": str(out), "episodes": summary.episodes, "successes": summary.successes,
             "recovered": summary.recovered, "faults": dict(summary.faults)}
@@ -290,7 +302,6 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
               folder: str = "eval", limits: dict[str, int] | None = None, splits: list[str] | None = None) -> dict[str, Any]:
     """Evaluate each variant (`limits[name]` tasks per split, default `prof.eval_limit`) on `splits`."""
     from agentrig.evals.evaluate import EvalConfig, episodes_file, run_eval_with_progress, write_metrics
-    from agentrig.harness import HarnessConfig
     from agentrig.harness.trajectory import write_episodes
     from agentrig.policies.loader import PolicySpec, load_policy
 
@@ -304,7 +315,7 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
         policy.use(name)
         configs[name] = EvalConfig(env=cfg.env, tasks=cfg.tasks, splits=splits or EVAL_SPLITS,
                                    limit=(limits or {}).get(name, prof.eval_limit), faults=prof.eval_faults,
-                                   seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
+                                   seed=cfg.seed, harness=_harness(prof))
         evals[name] = res = run_eval_with_progress(policy, configs[name], name)
         write_episodes(out / episodes_file(name), res.episodes)
         results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
@@ -518,7 +529,6 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
 
 def _ttt(cfg: RunConfig, prof: Profile, root: Path, adapter: str, data_dir: str, split: str) -> dict[str, Any]:
-    from agentrig.harness import HarnessConfig
     from agentrig.ttt.loop import TTTConfig, run_ttt
 
     out = root / "ttt"
@@ -528,7 +538,7 @@ def _ttt(cfg: RunConfig, prof: Profile, root: Path, adapter: str, data_dir: str,
     tcfg = TTTConfig(adapter=adapter, out=str(out), model=cfg.model, env=cfg.env, tasks=cfg.tasks, split=split,
                      budget_minutes=prof.ttt_minutes, practice_tasks=prof.ttt_practice, steps=prof.ttt_steps,
                      explore_per_tool=per_tool, explore_rounds=rounds, max_new_tokens=prof.eval_max_new_tokens,
-                     replay=data_dir, seed=cfg.seed, harness=HarnessConfig(tool_listing=prof.tool_listing))
+                     replay=data_dir, seed=cfg.seed, harness=_harness(prof))
     return run_ttt(tcfg, skip_empty=True)
 
 

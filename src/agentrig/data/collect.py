@@ -79,6 +79,11 @@ class CollectConfig:
     paraphrase: float = opt(0.3, "share of prompts lightly rewritten")
     rename: float = opt(0.0, "share of train episodes with renamed tools (needs the environment's tool_aliases)")
     detours: float = opt(0.1, "share of episodes with a detour step (a rejected call, masked in training)")
+    repeat_detours: float = opt(0.0, "share of episodes in which the expert resends a call that answered (masked in "
+                                "training), gets the harness's notice, and goes on (datadesk's expert; use with "
+                                "--repeat-notice)")
+    repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
+                              "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
     max_steps: int = opt(12, "harness step limit per episode")
     tool_listing: str = opt("compact", "how the system prompt lists tools (keep it the same for training and "
@@ -89,7 +94,7 @@ class CollectConfig:
         for name in ("episodes", "workers", "max_steps", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("faults", "paraphrase", "rename", "detours"):
+        for name in ("faults", "paraphrase", "rename", "detours", "repeat_detours"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name} is a share between 0 and 1, got {getattr(self, name)}")
         if self.teacher not in TEACHERS:
@@ -100,6 +105,9 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
+        for k in ("repeat_detours", "repeat_notice"):  # newer settings: at their defaults, an older file's identity
+            if not d[k]:
+                d.pop(k)
         return d
 
 
@@ -140,7 +148,7 @@ def _setup_worker(cfg: CollectConfig) -> None:
         raise ConfigError(f"--rename needs other names for the tools, and environment {env.name!r} has none: "
                           "set its `tool_aliases` (and `param_aliases`), see docs/environments.md")
     faults = TaskRunner.env_faults(env, cfg.faults, cfg.fault_rates)
-    harness = HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing)
+    harness = HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing, repeat_notice=cfg.repeat_notice)
     _WORKER.clear()
     _WORKER.update(cfg=cfg, env=env, runner=TaskRunner(env, harness, faults, seed=cfg.seed),
                    augment=Augment(paraphrase=cfg.paraphrase, rename=cfg.rename, detour_rate=cfg.detours,
@@ -161,7 +169,14 @@ def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
 
 
 def _expert(env: Any, cfg: CollectConfig) -> Any:
-    expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed)
+    extra = {"repeat_rate": cfg.repeat_detours} if cfg.repeat_detours > 0 else {}
+    try:
+        expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
+    except TypeError as e:
+        if not extra:
+            raise
+        raise ConfigError(f"--repeat-detours: the expert of environment {env.name!r} has no repeat detours "
+                          f"(its expert() takes no repeat_rate: {e}); leave --repeat-detours at 0") from None
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")
     return expert

@@ -41,6 +41,8 @@ class HarnessConfig:
     context_budget: int | None = opt(None, "context tokens above which finished turns are compressed (unset: never)")
     wall_clock_s: float | None = opt(None, "seconds per episode (unset: no limit)")
     stuck_repeats: int = opt(3, "the identical call this many times in a row ends the episode")
+    repeat_notice: bool = opt(False, "an identical call right after that call succeeded gets a notice under its result: "
+                              "use the result, do not send the call again")
     switch_after_failures: int = opt(3, "the same tool failing this many times in a row: a notice to switch tools")
     tool_timeout_s: float = opt(10.0, "seconds a tool call may take before it times out")
     max_output_chars: int = opt(4000, "tool output characters shown to the model (the rest is cut, and says so)")
@@ -122,6 +124,7 @@ class EpisodeRunner:
         self.context_start = 2
         self.fail_streak: dict[str, int] = {}
         self.last_call: str | None = None
+        self.last_ok = False  # whether the last call succeeded
         self.repeat_count = 0
         self.started = time.perf_counter()
         self.done = False
@@ -245,8 +248,11 @@ class EpisodeRunner:
                 notices.append(feedback("switch_tool", tool=call.name, count=streak))
         key = json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=repr)
         self.repeat_count = self.repeat_count + 1 if key == self.last_call else 1
-        self.last_call = key
-        return self.repeat_count >= self.config.stuck_repeats
+        stuck = self.repeat_count >= self.config.stuck_repeats
+        if self.config.repeat_notice and self.repeat_count > 1 and self.last_ok and result.ok and not stuck:
+            notices.append(feedback("repeated_after_success", tool=call.name))
+        self.last_call, self.last_ok = key, result.ok
+        return stuck
 
     def _context_tokens(self, messages: list[dict[str, Any]]) -> int:
         return sum(self.count(str(m.get("content") or "")) + self.count(json.dumps(m.get("tool_calls", ""))) for m in messages)

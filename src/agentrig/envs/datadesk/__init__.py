@@ -74,8 +74,9 @@ class DatadeskEnv(Environment):
         tools = {t.family: list(t.expected.get("needed_tools", [])) for t in sample}
         return {f: tools.get(f, []) for f in FAMILIES}
 
-    def expert(self, detour_rate: float = 0.0, seed: int = 0) -> Any:
-        """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`)."""
+    def expert(self, detour_rate: float = 0.0, seed: int = 0, repeat_rate: float = 0.0) -> Any:
+        """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`); `repeat_rate`: its repeat
+        detours (a call that answered, sent again with weight 0, then the right next step)."""
         from agentrig.envs.datadesk.teacher import ExpertTeacher
 
-        return ExpertTeacher(detour_rate=detour_rate, seed=seed)
+        return ExpertTeacher(detour_rate=detour_rate, seed=seed, repeat_rate=repeat_rate)

@@ -11,7 +11,11 @@ query the API tool runs (`tools.LOOKUPS`), or `SELECT <expression>` for the calc
 too, the teacher tells the user honestly what could not be done. A renamed field (schema drift) is
 read under its new name. Detours (augmentation): with `detour_rate`, the first call is written wrong
 (bad argument or a tool outside the allowlist) with weight 0, the harness rejects it, and the next step
-corrects it. Long tasks call `note` after each finished sub-goal.
+corrects it. Repeat detours (`repeat_rate`, collected with the harness's `repeat_notice`): after a look-up
+that answered at its first try, the teacher sends the identical call once more behind the retry sentence a student writes over
+a fine result (weight 0, as the student does), the harness answers it with its result and the
+`repeated_after_success` notice, and the next, supervised step goes on from the first result: the state a
+student reaches by itself, and the way out of it. Long tasks call `note` after each finished sub-goal.
 Not handled: environments other than datadesk (their `expert()` supplies their own policy).
 """
 
@@ -110,7 +114,7 @@ _REASON_WORDS = {"timeout": "it timed out", "unavailable": "the service was unav
 class EpisodeSolver:
     """One episode's solver state: the generator, its RNG, the name mapping, and the tools offered."""
 
-    def __init__(self, request: PolicyRequest, detour_rate: float, seed: int):
+    def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -122,6 +126,9 @@ class EpisodeSolver:
         self.detour = self.rng.random() < detour_rate
         self.gen: Solver = SOLVERS[task.family](self)
         self.started = False
+        # a separate RNG, so that episodes without a repeat detour are the same as before the option existed
+        self.repeat_rng = random.Random(f"teacher-repeat/{seed}/{task.id}")
+        self.repeat = repeat_rate > 0 and self.repeat_rng.random() < repeat_rate
 
     # -- naming ---------------------------------------------------------------------------------
     def name(self, tool: str) -> str:
@@ -149,6 +156,7 @@ class EpisodeSolver:
         unique = dict.fromkeys(keys)
         state = [_Req(*reqs[keys.index(k)]) for k in unique]
         text = ""
+        last: tuple[list[_Req], list[tuple[str, dict[str, Any]]]] | None = None
         if self.detour and not self.started:
             self.started = True
             yield self._detour(state[0])
@@ -157,14 +165,37 @@ class EpisodeSolver:
         while True:
             pending = [r for r in state if not r.done]
             if not pending:
+                if self._repeat_now(last):
+                    yield self._repeat(last)  # its observation is ignored (weight 0): the first result stands
                 by_key = dict(zip(unique, state))
                 return [by_key[k].value for k in keys]
             calls = [self._wire(r) for r in pending]
+            last = (pending, calls)
             obs = yield Action(text=text, calls=calls)
             notes: list[str] = []
             for r, content in zip(pending, obs):
                 notes.append(self._observe(r, content))
             text = " ".join(n for n in notes if n)
+
+    def _repeat_now(self, last: tuple[list[_Req], list[tuple[str, dict[str, Any]]]] | None) -> bool:
+        """Whether to send the last round's call again: the first round of one call that answered at its first
+        try (after a retry, a third identical call would end the episode as stuck), no side effect, once per
+        episode."""
+        if not self.repeat or last is None:
+            return False
+        reqs, calls = last
+        if (len(calls) != 1 or calls[0][0] in ("send_report", "note") or isinstance(reqs[0].value, Failure)
+                or reqs[0].tries != 1):
+            return False
+        self.repeat = False
+        return True
+
+    def _repeat(self, last: tuple[list[_Req], list[tuple[str, dict[str, Any]]]]) -> Action:
+        """The identical call again, behind the retry sentence a student writes over a fine result (weight 0)."""
+        (tool, args), = last[1]
+        reason = self.repeat_rng.choice(sorted(_REASON_WORDS.values()))
+        return Action(text=f"{self.name(tool)} failed ({reason}); trying once more.", calls=[(tool, args)],
+                      weight=0.0)
 
     def _wire(self, r: _Req) -> tuple[str, dict[str, Any]]:
         r.tries += 1
@@ -568,8 +599,10 @@ def last_observations(messages: list[dict[str, Any]]) -> list[str]:
 class ExpertTeacher:
     """The datadesk expert as a harness policy (`generate(request) -> PolicyReply`)."""
 
-    def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096):
+    def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
+                 repeat_rate: float = 0.0):
         self.detour_rate = detour_rate
+        self.repeat_rate = repeat_rate
         self.seed = seed
         self.proto = get_protocol(protocol)
         self.max_live = max_live
@@ -579,7 +612,7 @@ class ExpertTeacher:
         """The next step of this episode's solver, written in the output protocol."""
         key = request.episode_id or request.task.id
         if request.step == 0 or key not in self._live:
-            ep = EpisodeSolver(request, self.detour_rate, self.seed)
+            ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate)
             action = next(ep.gen)
         else:
             ep, prev = self._live[key]
