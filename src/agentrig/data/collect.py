@@ -17,6 +17,7 @@ Other teachers (`openai`, `model`) run in this process, batched. Every episode g
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -170,13 +171,10 @@ def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
 
 def _expert(env: Any, cfg: CollectConfig) -> Any:
     extra = {"repeat_rate": cfg.repeat_detours} if cfg.repeat_detours > 0 else {}
-    try:
-        expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
-    except TypeError as e:
-        if not extra:
-            raise
-        raise ConfigError(f"--repeat-detours: the expert of environment {env.name!r} has no repeat detours "
-                          f"(its expert() takes no repeat_rate: {e}); leave --repeat-detours at 0") from None
+    if extra and "repeat_rate" not in inspect.signature(env.expert).parameters:
+        raise ConfigError(f"--repeat-detours: the expert of environment {env.name!r} has no repeat detours (its "
+                          "expert() takes no repeat_rate); leave --repeat-detours at 0")
+    expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")
     return expert

@@ -12,10 +12,10 @@ too, the teacher tells the user honestly what could not be done. A renamed field
 read under its new name. Detours (augmentation): with `detour_rate`, the first call is written wrong
 (bad argument or a tool outside the allowlist) with weight 0, the harness rejects it, and the next step
 corrects it. Repeat detours (`repeat_rate`, collected with the harness's `repeat_notice`): after a look-up
-that answered at its first try, the teacher sends the identical call once more behind the retry sentence a student writes over
-a fine result (weight 0, as the student does), the harness answers it with its result and the
-`repeated_after_success` notice, and the next, supervised step goes on from the first result: the state a
-student reaches by itself, and the way out of it. Long tasks call `note` after each finished sub-goal.
+that answered at its first try, the teacher sends the identical call once more behind the retry sentence a
+student writes over a fine result (weight 0, as the student does), the harness answers it with its result
+and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
+state a student reaches by itself, and the way out of it. Long tasks call `note` after each finished sub-goal.
 Not handled: environments other than datadesk (their `expert()` supplies their own policy).
 """
 
