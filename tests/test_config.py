@@ -69,6 +69,8 @@ def test_configs_validate_the_same_from_python_and_the_cli():
         CollectConfig(episodes=0)
     with pytest.raises(ConfigError, match="--detours is a share"):
         CollectConfig(detours=1.5)
+    with pytest.raises(ConfigError, match="--repeat-detours is a share"):
+        CollectConfig(repeat_detours=1.5)
     with pytest.raises(ConfigError, match="unknown profile"):
         RunConfig(profile="huge")
     assert main(["collect", "--episodes", "0", "--out", "/tmp/never.jsonl"]) == 2

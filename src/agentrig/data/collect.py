@@ -97,7 +97,7 @@ class CollectConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("faults", "paraphrase", "rename", "detours", "repeat_detours"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"--{name} is a share between 0 and 1, got {getattr(self, name)}")
+                raise ConfigError(f"--{name.replace('_', '-')} is a share between 0 and 1, got {getattr(self, name)}")
         if self.teacher not in TEACHERS:
             raise ConfigError(f"unknown teacher {self.teacher!r}: use {', '.join(TEACHERS)}")
 
