@@ -244,18 +244,20 @@ def _harness(prof: Profile) -> Any:
 
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
              episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
-    from agentrig.data.collect import CollectConfig, run_collect
+    from agentrig.data.collect import CollectConfig, has_repeat_detours, run_collect
 
     from agentrig.envs import load_env
 
     out = root / "collect" / f"{name}.jsonl"
-    renames = teacher == "expert" and bool(load_env(cfg.env, cfg.tasks).tool_aliases)  # an env without aliases: none
+    env = load_env(cfg.env, cfg.tasks)
+    renames = teacher == "expert" and bool(env.tool_aliases)  # an env without aliases: none
+    repeats = teacher == "expert" and has_repeat_detours(env)  # an expert without repeat detours: none
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing,
                          repeat_notice=prof.repeat_notice,
-                         repeat_detours=prof.repeat_detours if teacher == "expert" and cfg.env == "datadesk" else 0.0,
+                         repeat_detours=prof.repeat_detours if repeats else 0.0,
                          **extra)
     summary = run_collect(ccfg, resume=out.exists(), progress=True)
     return {"episodes_file": str(out), "episodes": summary.episodes, "successes": summary.successes,

@@ -169,9 +169,14 @@ def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
     return flatten_weights(family_tools)
 
 
+def has_repeat_detours(env: Any) -> bool:
+    """Whether the environment's expert takes `repeat_rate` (`--repeat-detours`)."""
+    return "repeat_rate" in inspect.signature(env.expert).parameters
+
+
 def _expert(env: Any, cfg: CollectConfig) -> Any:
     extra = {"repeat_rate": cfg.repeat_detours} if cfg.repeat_detours > 0 else {}
-    if extra and "repeat_rate" not in inspect.signature(env.expert).parameters:
+    if extra and not has_repeat_detours(env):
         raise ConfigError(f"--repeat-detours: the expert of environment {env.name!r} has no repeat detours (its "
                           "expert() takes no repeat_rate); leave --repeat-detours at 0")
     expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
