@@ -82,6 +82,34 @@ def test_identical_call_three_times_is_stuck():
     assert "identical call to 'add' 3 times" in ep.steps[-1].notices[-1]
 
 
+def test_a_retry_that_finally_answers_is_not_stuck():
+    # fail, fail, success: the third identical call answered, so the model gets to read it
+    outcomes = iter([RuntimeError("timed out"), RuntimeError("timed out"), 7, 7])
+
+    @tool
+    def lookup(x: int) -> int:
+        """Fails twice, then answers.
+
+        Args:
+            x: anything
+        """
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    script = [call("lookup", x=1)] * 3 + ["It is 7."]
+    ep = run_episode(TASK, ToolSet([lookup]), ScriptedPolicy(script), HarnessConfig(memory=False))
+    assert ep.termination == "final_answer" and ep.final_answer == "It is 7." and len(ep.steps) == 4
+    assert [s.results[0].ok for s in ep.steps[:3]] == [False, False, True]
+    assert [m["content"] for m in ep.messages_full if m["role"] == "tool"][-1] == "7"
+    # ... but a fourth copy after that answer is stuck
+    outcomes = iter([RuntimeError("timed out"), RuntimeError("timed out"), 7, 7])
+    ep = run_episode(TASK, ToolSet([lookup]), ScriptedPolicy([call("lookup", x=1)] * 5), HarnessConfig(memory=False))
+    assert ep.termination == "stuck" and len(ep.steps) == 4
+    assert "identical call to 'lookup' 4 times" in ep.steps[-1].notices[-1]
+
+
 def test_repeat_after_success_gets_a_notice_when_asked():
     script = [call("add", a=2, b=3), call("add", a=2, b=3), "2 + 3 = 5."]
     ep = run_episode(TASK, tools(), ScriptedPolicy(script), HarnessConfig(memory=False, repeat_notice=True))

@@ -40,7 +40,8 @@ class HarnessConfig:
     token_budget: int | None = opt(None, "prompt + completion tokens over the whole episode (unset: no limit)")
     context_budget: int | None = opt(None, "context tokens above which finished turns are compressed (unset: never)")
     wall_clock_s: float | None = opt(None, "seconds per episode (unset: no limit)")
-    stuck_repeats: int = opt(3, "the identical call this many times in a row ends the episode")
+    stuck_repeats: int = opt(3, "the identical call this many times in a row ends the episode, unless that copy is the first "
+                                   "to answer (a retry that worked)")
     repeat_notice: bool = opt(False, "an identical call right after that call succeeded gets a notice under its result: "
                               "use the result, do not send the call again")
     switch_after_failures: int = opt(3, "the same tool failing this many times in a row: a notice to switch tools")
@@ -126,6 +127,7 @@ class EpisodeRunner:
         self.last_call: str | None = None
         self.last_ok = False  # whether the last call succeeded
         self.repeat_count = 0
+        self.repeat_answered = False  # whether a copy in the current run of identical calls succeeded
         self.started = time.perf_counter()
         self.done = False
 
@@ -247,8 +249,14 @@ class EpisodeRunner:
             if streak >= self.config.switch_after_failures:
                 notices.append(feedback("switch_tool", tool=call.name, count=streak))
         key = json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=repr)
-        self.repeat_count = self.repeat_count + 1 if key == self.last_call else 1
-        stuck = self.repeat_count >= self.config.stuck_repeats
+        if key == self.last_call:
+            self.repeat_count += 1
+        else:
+            self.repeat_count, self.repeat_answered = 1, False
+        # A retry that finally answers (fail, fail, success) is the recovery rule at work, not a loop: the run is
+        # stuck when the identical call fails once more, or comes again after one of its copies already answered.
+        stuck = self.repeat_count >= self.config.stuck_repeats and (not result.ok or self.repeat_answered)
+        self.repeat_answered = self.repeat_answered or result.ok
         if self.config.repeat_notice and self.repeat_count > 1 and self.last_ok and result.ok and not stuck:
             notices.append(feedback("repeated_after_success", tool=call.name))
         self.last_call, self.last_ok = key, result.ok
