@@ -3,7 +3,7 @@ same functions the CLI stages call, with one knob changed per row. Writes /tmp/e
 times, per-task success, metrics) and prints the headline figures.
 
     python examples/ablation.py NAME [--episodes 400] [--faults 0.25] [--detours 0.1] [--steps 90]
-        [--target all|qkvo|...] [--lr 1e-3] [--listing json|compact] [--split dev] [--limit 20]
+        [--target all|qkvo|...] [--lr 1e-3] [--listing json|compact] [--split dev] [--limit 20] [--train-seed 0]
 
 Each flag maps to one stage's setting: collect (`--episodes --faults --rename --detours --paraphrase
 --listing`), train (`--steps --batch --target --lr --rank --seq`), eval (`--split --limit --eval-faults
@@ -35,6 +35,7 @@ ap.add_argument("--listing", default=None)
 ap.add_argument("--adapter", default=None, help="skip training; evaluate this adapter")
 ap.add_argument("--data", default=None, help="reuse this episodes file")
 ap.add_argument("--root", default="/tmp/exps", help="folder of the experiment folders")
+ap.add_argument("--train-seed", type=int, default=0, help="TrainConfig.seed: LoRA's initial weights and the row order")
 a = ap.parse_args()
 
 def main():
@@ -68,7 +69,7 @@ def main():
                            lora_rank=a.rank, lora_alpha=2 * a.rank, lora_target=target, learning_rate=a.lr,
                            lr_scheduler_type="cosine", warmup_ratio=0.05, per_device_train_batch_size=a.batch,
                            gradient_accumulation_steps=1, max_seq_length=a.seq, max_steps=a.steps, save_steps=max(5, a.steps // 4),
-                           packing=True, seed=0)
+                           packing=True, seed=a.train_seed)
         t = time.perf_counter()
         res = run_train(tcfg, resume=True)
         times["train"] = time.perf_counter() - t
