@@ -74,26 +74,28 @@ HUGE = [
 
 def test_run_sql_never_builds_or_returns_a_huge_value():
     """One SQL function call is not interrupted by the time limit, so SQLite's own length and column limits
-    refuse huge values as they are built, and a result is cut once its text passes a budget (issue 17)."""
+    refuse huge values as they are built, and a result is cut once its text passes a budget (issue 17). It asserts
+    which queries the limits refuse and how much the process's peak memory grew, never a time (a bound of 5 s
+    failed under load)."""
     import resource
-    import time
 
     from agentrig.envs.datadesk.tools import (SQL_MAX_RESULT_CHARS, SQLRefused, open_sql_connection,
                                               run_readonly_sql)
 
     guarded = open_sql_connection(load_env("datadesk").db_file)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    refused = set()
     for query in HUGE:
-        started = time.perf_counter()
         try:
             out = run_readonly_sql(guarded, query)
         except SQLRefused as exc:
+            refused.add(query)
             assert "bytes was refused" in str(exc) or "at most 64 columns" in str(exc), (query, exc)
         else:
             text = repr(out["rows"])
             assert len(text) <= 3 * SQL_MAX_RESULT_CHARS, query
             assert out["rows"] == [[None]] or "only the first" in out.get("note", ""), (query, out.get("note"))
-        assert time.perf_counter() - started < 5, query
+    assert refused == {HUGE[0], HUGE[1], HUGE[4], HUGE[5], HUGE[6]}  # a value over the length limit, > 64 columns
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
     assert grown_mb < 150, f"the process grew by {grown_mb:.0f} MB"
     assert run_readonly_sql(guarded, "SELECT count(*) FROM orders")["rows"][0][0] > 0  # still serves reads
