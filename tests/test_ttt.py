@@ -277,3 +277,36 @@ def test_practice_is_spread_over_the_tools_it_ends_with() -> None:
     tasks = build_practice(ex, 24, seed=0, prefer=new)
     last = collections.Counter(t.metadata["plan"][-1]["name"] for t in tasks)
     assert all(last[t] >= 3 for t in new), last  # ticket_counts too, though chains end elsewhere
+
+
+def test_user_form_writes_months_as_people_do_and_leaves_impossible_ones() -> None:
+    from agentrig.ttt.explore import user_form
+
+    assert user_form("2024-10", "month") == "October 2024"
+    assert user_form("2024-03-05", "date") == "March 5, 2024"
+    assert user_form("2024-13", "month") == "2024-13"  # a pattern-sampled month that no calendar has
+    assert user_form("1999-00-07", "date") == "1999-00-07"
+
+
+def test_probes_of_one_tool_in_a_round_are_all_different_calls() -> None:
+    """A pool with one value for a parameter must not make every probe the same call (they are drawn again)."""
+    from agentrig.ttt.explore import ValuePool, plan_probes
+
+    env = BlindEnv(load_env("datadesk"))
+    surf = surfaces(env, env.tasks("test_unseen_tools", 8, seed=ttt_seed(0)))[0]
+    tools, state = env.setup(surf.base)
+    try:
+        pool = ValuePool()
+        pool.add_result("sales_total", {"region": "East", "month": "2024-03"}, {"month": "2024-03", "total": 1.0}, "e")
+        import random
+
+        probes = plan_probes(surf, {n: tools.get(n) for n in surf.tools}, pool, random.Random(0), 6, 1)
+        for name in surf.tools:
+            final = [json.dumps(p.calls[-1].arguments, sort_keys=True) for p in probes if p.tool == name
+                     and p.kind in ("single", "chain")]
+            assert len(final) == len(set(final)), (name, final)
+        months = {p.calls[-1].arguments.get("month") for p in probes if p.tool in surf.tools and "month" in
+                  p.calls[-1].arguments and p.kind in ("single", "chain")}
+        assert len(months) > 1, months
+    finally:
+        env.close(state)

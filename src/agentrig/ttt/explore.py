@@ -390,7 +390,11 @@ _MONTHS = ["January", "February", "March", "April", "May", "June", "July", "Augu
 
 
 def user_form(value: str, fmt: str) -> str:
-    """How a person writes an ISO month or date: "October 2024", "March 5, 2024"."""
+    """How a person writes an ISO month or date: "October 2024", "March 5, 2024" (a month number outside 1-12,
+    as a pattern-sampled "2024-13", stays as it is)."""
+    if _MONTH.match(value) or _DATE.match(value):
+        if not 1 <= int(value[5:7]) <= 12:
+            return value
     if fmt == "month" and _MONTH.match(value):
         return f"{_MONTHS[int(value[5:7]) - 1]} {value[:4]}"
     if fmt == "date" and _DATE.match(value):
@@ -413,8 +417,9 @@ class Probe:
 
 
 def _valid_args(t: Tool, pool: ValuePool, rng: random.Random, want_optional: bool,
-                prefer_pooled: bool = True) -> tuple[dict[str, Any], dict[str, Pooled]] | None:
-    """Arguments that pass the tool's schema, and which came from pooled results; None if none found."""
+                prefer_pooled: bool = True, avoid: set[str] | None = None) -> tuple[dict[str, Any], dict[str, Pooled]] | None:
+    """Arguments that pass the tool's schema, and which came from pooled results; None if none found.
+    Arguments whose canonical JSON is in `avoid` (already probed) are drawn again."""
     params = t.parameters
     props = params.get("properties") or {}
     required = params.get("required") or []
@@ -434,7 +439,7 @@ def _valid_args(t: Tool, pool: ValuePool, rng: random.Random, want_optional: boo
             if pick.source is not None:
                 sources[name] = pick.source
         else:
-            if not t.validate(args):
+            if not t.validate(args) and json.dumps(args, sort_keys=True) not in (avoid or ()):
                 return args, sources
     return None
 
@@ -452,14 +457,11 @@ def plan_probes(surface: Surface, tools: dict[str, Tool], pool: ValuePool, rng: 
         t = tools[name]
         seen: set[str] = set()
         for k in range(per_tool):
-            found = _valid_args(t, pool, rng, want_optional=k % 2 == 1, prefer_pooled=round_index > 0)
+            found = _valid_args(t, pool, rng, want_optional=k % 2 == 1, prefer_pooled=round_index > 0, avoid=seen)
             if found is None:
                 continue
             args, sources = found
-            key = json.dumps(args, sort_keys=True)
-            if key in seen:
-                continue
-            seen.add(key)
+            seen.add(json.dumps(args, sort_keys=True))
             calls = []
             kind = "single"
             src = next(iter(sources.values()), None)
