@@ -139,12 +139,10 @@ def _shape_counts(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | st
 
 @dataclass(frozen=True)
 class Lookup:
-    """One lookup tool's query (named parameters `:name`), the shaper of its rows, and the arguments its
-    answer names (`echo`, written first, as the call gave them, unless the shaped answer already has the field)."""
+    """One lookup tool's query (named parameters `:name`) and the shaper of its rows."""
 
     sql: str
     shape: Callable[[list[str], list[list[Any]]], dict[str, Any] | str]
-    echo: tuple[str, ...] = ()
 
 
 LOOKUPS: dict[str, Lookup] = {
@@ -154,16 +152,16 @@ LOOKUPS: dict[str, Lookup] = {
     "list_orders": Lookup(
         "SELECT c.customer_id, r.currency, o.order_id, o.sku, o.quantity, o.amount FROM customers c "
         "JOIN regions r ON r.region_id = c.region_id LEFT JOIN orders o ON o.customer_id = c.customer_id "
-        "AND o.month = :month WHERE c.customer_id = :customer_id ORDER BY o.order_id", _shape_orders, ("month",)),
+        "AND o.month = :month WHERE c.customer_id = :customer_id ORDER BY o.order_id", _shape_orders),
     "sales_total": Lookup(
         "SELECT r.name, r.currency, COUNT(o.order_id), ROUND(SUM(o.amount), 2) FROM regions r "
         "JOIN customers c ON c.region_id = r.region_id LEFT JOIN orders o ON o.customer_id = c.customer_id "
-        "AND o.month = :month WHERE lower(r.name) = lower(:region) GROUP BY r.region_id", _shape_sales, ("month",)),
+        "AND o.month = :month WHERE lower(r.name) = lower(:region) GROUP BY r.region_id", _shape_sales),
     "top_products": Lookup(
         "SELECT p.sku, p.name, SUM(o.quantity) AS units FROM orders o JOIN customers c ON c.customer_id = o.customer_id "
         "JOIN regions r ON r.region_id = c.region_id JOIN products p ON p.sku = o.sku "
         "WHERE lower(r.name) = lower(:region) AND o.month = :month GROUP BY p.sku ORDER BY units DESC, p.sku "
-        "LIMIT :limit", _shape_top, ("region", "month")),
+        "LIMIT :limit", _shape_top),
     "find_product": Lookup(
         "SELECT sku, name, category, unit_price_usd FROM products WHERE lower(name) = lower(:name)", _shape_product),
     "stock_level": Lookup(
@@ -171,20 +169,19 @@ LOOKUPS: dict[str, Lookup] = {
     "exchange_rate": Lookup(
         "SELECT ROUND(a.rate_to_usd / b.rate_to_usd, 6) FROM exchange_rates a JOIN exchange_rates b "
         "ON a.month = b.month WHERE a.currency = upper(:from_currency) AND b.currency = upper(:to_currency) "
-        "AND a.month = :month", _shape_rate, ("from_currency", "to_currency", "month")),
+        "AND a.month = :month", _shape_rate),
     "region_info": Lookup(
         "SELECT r.name, r.currency, r.manager_email, COUNT(c.customer_id) FROM regions r "
         "LEFT JOIN customers c ON c.region_id = r.region_id WHERE lower(r.name) = lower(:region) "
         "GROUP BY r.region_id", _shape_region),
     "list_tickets": Lookup(
         "SELECT ticket_id, opened, priority, status, subject FROM tickets WHERE customer_id = :customer_id "
-        "AND (:status = '' OR status = :status) ORDER BY ticket_id", _shape_tickets, ("customer_id",)),
+        "AND (:status = '' OR status = :status) ORDER BY ticket_id", _shape_tickets),
     "ticket_details": Lookup(
         "SELECT ticket_id, customer_id, opened, priority, status, subject FROM tickets "
         "WHERE ticket_id = upper(:ticket_id)", _shape_ticket),
     "ticket_counts": Lookup(
-        "SELECT status, COUNT(*) FROM tickets WHERE opened = :month GROUP BY status ORDER BY status", _shape_counts,
-        ("month",)),
+        "SELECT status, COUNT(*) FROM tickets WHERE opened = :month GROUP BY status ORDER BY status", _shape_counts),
 }
 
 
@@ -204,13 +201,9 @@ def inline_sql(name: str, arguments: dict[str, Any]) -> str:
 
 def run_lookup(conn: sqlite3.Connection, name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
     """Run a lookup directly (the API tools and the task generator's ground truth use this)."""
-    lookup = LOOKUPS[name]
-    cur = conn.execute(lookup.sql, arguments)
+    cur = conn.execute(LOOKUPS[name].sql, arguments)
     cols = [d[0] for d in cur.description]
-    shaped = lookup.shape(cols, [list(r) for r in cur.fetchall()])
-    if not isinstance(shaped, dict):
-        return shaped
-    return {**{k: arguments[k] for k in lookup.echo if k not in shaped}, **shaped}
+    return LOOKUPS[name].shape(cols, [list(r) for r in cur.fetchall()])
 
 
 # -- safe calculator --------------------------------------------------------------------------
@@ -480,7 +473,7 @@ class DatadeskAPI:
         Args:
             expression: The arithmetic, e.g. "(1200.5 - 980) / 980 * 100".
         """
-        return {"expression": expression, "result": calculate(expression)}
+        return {"result": calculate(expression)}
 
     def send_report(self, to: str, subject: str, body: str) -> dict[str, Any]:
         """Send a short written report by e-mail.
