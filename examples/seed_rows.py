@@ -1,13 +1,12 @@
 """Row 4 of docs/training.md again, with only the training seed changed: how much of a row is the seed.
 
-    python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes-from OTHER_OUT]
+    python examples/seed_rows.py OUT [--train-seed N] [--split test]
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
 `TrainConfig.seed = N` (LoRA's initial weights and the row order; the data stay byte for byte the same), and the
 evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and faults). No curve, no base row.
 `agentrig compare OUT_A/eval:sft OUT_B/eval:sft` then pairs two seeds task by task. About 40 minutes on 2 cores.
-`--split test` evaluates one split only (40 tasks, about 5 minutes); `--episodes-from` copies another run's
-collected episodes (collection is seed 0 either way, so they are the same file) instead of collecting again.
+`--split test` evaluates one split only (40 tasks, about 5 minutes).
 """
 import argparse
 import json
@@ -20,17 +19,11 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--train-seed", type=int, default=0, help="TrainConfig.seed (the main job uses the run's seed, 0)")
     ap.add_argument("--split", default=None, help="comma-separated eval splits (default: the profile's, test + unseen)")
-    ap.add_argument("--episodes-from", default=None, help="an earlier OUT whose collect/train.jsonl to reuse")
     a = ap.parse_args()
-    import shutil
-
     from agentrig import run
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    if a.episodes_from:
-        (out / "collect").mkdir(exist_ok=True)
-        shutil.copyfile(Path(a.episodes_from) / "collect" / "train.jsonl", out / "collect" / "train.jsonl")
     prof, cfg = run.PROFILES["default"], run.RunConfig(out=str(out))
     collect = run._collect(cfg, prof, out)
     data = run._build(cfg, prof, out, [collect["episodes_file"]])

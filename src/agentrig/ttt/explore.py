@@ -392,9 +392,8 @@ _MONTHS = ["January", "February", "March", "April", "May", "June", "July", "Augu
 def user_form(value: str, fmt: str) -> str:
     """How a person writes an ISO month or date: "October 2024", "March 5, 2024" (a month number outside 1-12,
     as a pattern-sampled "2024-13", stays as it is)."""
-    if _MONTH.match(value) or _DATE.match(value):
-        if not 1 <= int(value[5:7]) <= 12:
-            return value
+    if (_MONTH.match(value) or _DATE.match(value)) and not 1 <= int(value[5:7]) <= 12:
+        return value
     if fmt == "month" and _MONTH.match(value):
         return f"{_MONTHS[int(value[5:7]) - 1]} {value[:4]}"
     if fmt == "date" and _DATE.match(value):
