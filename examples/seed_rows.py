@@ -1,12 +1,13 @@
 """Row 4 of docs/training.md again, with only the training seed changed: how much of a row is the seed.
 
-    python examples/seed_rows.py OUT [--train-seed N] [--split test]
+    python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N]
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
 `TrainConfig.seed = N` (LoRA's initial weights and the row order; the data stay byte for byte the same), and the
 evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and faults). No curve, no base row.
 `agentrig compare OUT_A/eval:sft OUT_B/eval:sft` then pairs two seeds task by task. About 40 minutes on 2 cores.
-`--split test` evaluates one split only (40 tasks, about 5 minutes).
+`--split test` evaluates one split only (40 tasks, about 5 minutes). `--episodes` and `--steps` change the profile's
+teacher episodes and SFT steps (one knob per row: the rest of the profile stays).
 """
 import argparse
 import json
@@ -19,18 +20,22 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--train-seed", type=int, default=0, help="TrainConfig.seed (the main job uses the run's seed, 0)")
     ap.add_argument("--split", default=None, help="comma-separated eval splits (default: the profile's, test + unseen)")
+    ap.add_argument("--episodes", type=int, default=None, help="teacher episodes (default: the profile's, 400)")
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the profile's, 200)")
     a = ap.parse_args()
     from agentrig import run
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     prof, cfg = run.PROFILES["default"], run.RunConfig(out=str(out))
+    prof = replace(prof, train_episodes=a.episodes or prof.train_episodes, sft_steps=a.steps or prof.sft_steps)
     collect = run._collect(cfg, prof, out)
     data = run._build(cfg, prof, out, [collect["episodes_file"]])
     sft = run._train(replace(cfg, seed=a.train_seed), prof, out, "sft", data["data_dir"], prof.sft_steps)
     splits = a.split.split(",") if a.split else None
     ev = run._evaluate(cfg, prof, out, {"sft": sft["adapter"]}, ["sft"], splits=splits)
-    summary = {"train_seed": a.train_seed, "train_seconds": sft["train_seconds"],
+    summary = {"train_seed": a.train_seed, "episodes": prof.train_episodes, "steps": prof.sft_steps,
+               "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}
     (out / "seed_row.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
