@@ -98,3 +98,28 @@ def test_checker_figures_tolerance_and_no_tool(env):
     ep = run_episode(nt, tools, ScriptedPolicy([call, "Done."]), HarnessConfig(), episode_id=nt.id)
     res = env.check(nt, state, ep)
     assert not res.success and res.forbidden
+
+
+def test_families_list_every_tool_a_family_needs_and_balance_keeps_every_family(env):
+    """`families()` is the union over a family's variants (it once kept only the last task's tools, so
+    single_lookup read as stock_level alone), and `--balance`'s weights stay bounded: no family vanishes."""
+    from collections import Counter
+
+    from agentrig.data.augment import flatten_weights
+
+    fams = env.families("train")
+    assert list(fams) == FAMILIES
+    assert set(fams["single_lookup"]) == {"sales_total", "stock_level", "find_customer", "region_info"}
+    assert {"find_product", "stock_level", "find_customer", "region_info", "list_orders"} <= set(fams["chained_lookup"])
+    assert fams["no_tool"] == []
+    w = flatten_weights(fams)
+    assert set(w) == set(FAMILIES) and w["no_tool"] == 1.0
+    assert all(0.25 <= v <= 4.0 for v in w.values()), w
+    assert w["ranking"] > 1.0 > w["currency_aggregation"]  # top_products is rare, sales_total is everywhere
+
+    def spread(weights):
+        tasks = env.tasks("train", 600, seed=0, family_weights=weights)
+        calls = Counter(t for task in tasks for t in set(task.expected["needed_tools"]))
+        return min(calls.values()) / max(calls.values())
+
+    assert spread(w) > spread(None) + 0.05

@@ -120,21 +120,22 @@ def tool_frequencies(episodes: Iterable[Episode], canonical: bool = True) -> Cou
     return counts
 
 
-def flatten_weights(family_tools: dict[str, list[str]], rounds: int = 50) -> dict[str, float]:
-    """Family weights that even out tool usage: repeatedly damp families whose tools are over-used."""
-    weights = {f: 1.0 for f in family_tools}
-    for _ in range(rounds):
+def flatten_weights(family_tools: dict[str, list[str]], rounds: int = 50, cap: float = 4.0) -> dict[str, float]:
+    """Family weights that even out tool usage: repeatedly damp families whose tools are over-used.
+
+    Each weight stays within [1/cap, cap] of the tool-using families' mean (no family vanishes from the data
+    and none takes it over), and a family that needs no tool keeps weight 1.0."""
+    fams = [f for f, tools in family_tools.items() if tools]
+    weights = {f: 1.0 for f in fams}
+    for _ in range(rounds if fams else 0):
         usage: Counter[str] = Counter()
-        for f, tools in family_tools.items():
-            for t in tools:
+        for f in fams:
+            for t in family_tools[f]:
                 usage[t] += weights[f]
-        if not usage:
-            break
         mean = sum(usage.values()) / len(usage)
-        for f, tools in family_tools.items():
-            if tools:
-                load = sum(usage[t] for t in tools) / len(tools)
-                weights[f] *= (mean / load) ** 0.5
+        for f in fams:
+            load = sum(usage[t] for t in family_tools[f]) / len(family_tools[f])
+            weights[f] *= (mean / load) ** 0.5
         total = sum(weights.values())
-        weights = {f: w * len(weights) / total for f, w in weights.items()}
-    return weights
+        weights = {f: min(cap, max(1 / cap, w * len(fams) / total)) for f, w in weights.items()}
+    return {f: weights.get(f, 1.0) for f in family_tools}

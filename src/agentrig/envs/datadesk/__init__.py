@@ -71,8 +71,10 @@ class DatadeskEnv(Environment):
     def families(self, split: str, seed: int = 0) -> dict[str, list[str]]:
         """The seen families (in `FAMILIES` order), each with the tools a sample of 200 tasks of `split` needs."""
         sample = self.tasks(split, 200, seed=10_000 + seed)
-        tools = {t.family: list(t.expected.get("needed_tools", [])) for t in sample}
-        return {f: tools.get(f, []) for f in FAMILIES}
+        tools: dict[str, dict[str, None]] = {f: {} for f in FAMILIES}
+        for t in sample:  # the union over the family's variants, in the order they first appear
+            tools.setdefault(t.family, {}).update(dict.fromkeys(t.expected.get("needed_tools", [])))
+        return {f: list(tools[f]) for f in FAMILIES}
 
     def expert(self, detour_rate: float = 0.0, seed: int = 0, repeat_rate: float = 0.0) -> Any:
         """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`); `repeat_rate`: its repeat
