@@ -123,8 +123,8 @@ def tool_frequencies(episodes: Iterable[Episode], canonical: bool = True) -> Cou
 def flatten_weights(family_tools: dict[str, list[str]], rounds: int = 50, cap: float = 4.0) -> dict[str, float]:
     """Family weights that even out tool usage: repeatedly damp families whose tools are over-used.
 
-    Each weight stays within [1/cap, cap] of the tool-using families' mean (no family vanishes from the data
-    and none takes it over), and a family that needs no tool keeps weight 1.0."""
+    Each round scales the tool-using families' weights to a mean of 1, then clips each to [1/cap, cap] (no
+    family vanishes from the data and none takes it over); a family that needs no tool keeps weight 1.0."""
     fams = [f for f, tools in family_tools.items() if tools]
     weights = {f: 1.0 for f in fams}
     for _ in range(rounds if fams else 0):
