@@ -78,7 +78,7 @@ def test_profiles_use_the_measured_recipe_and_fit_the_budget(profile, tmp_path, 
     base = tiny_random_model(256)
     linear = sorted(n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head")
     with quiet_loading():
-        model = get_peft_model(base, _lora_config(sft))
+        model = get_peft_model(base, _lora_config(sft, base))
     layers = {n.removeprefix("base_model.model."): m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
     assert sorted(layers) == linear  # every linear layer, attention and MLP, and not the (tied) head
     assert set(seed.target_modules()) <= {n.rsplit(".", 1)[-1] for n in layers}
@@ -101,7 +101,7 @@ def test_profiles_use_the_measured_recipe_and_fit_the_budget(profile, tmp_path, 
     assert len(dpo) == (0 if profile == "default" else 1)
     for config in dpo:
         assert config.adapter_name_or_path == str(tmp_path / "sft" / "adapter")
-        assert _lora_config(config).to_dict() == _lora_config(sft).to_dict()
+        assert _lora_config(config, base).to_dict() == _lora_config(sft, base).to_dict()
 
 
 @pytest.mark.slow

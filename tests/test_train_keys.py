@@ -134,7 +134,8 @@ def test_every_key_is_llamafactorys_name_and_the_documented_defaults_are_its_own
     lf = json.loads(done.stdout.splitlines()[-1])
     from agentrig.train.trainconfig import LLAMAFACTORY_KEYS
 
-    assert [k for k in FIELDS if k not in lf] == ["max_seq_length"]  # the seed's name for cutoff_len
+    # the seed's name for cutoff_len, and LoRA's depth, which LLaMA-Factory has no key for (mlx-lm's --num-layers)
+    assert [k for k in FIELDS if k not in lf] == ["lora_num_layers", "max_seq_length"]
     assert [k for k in LLAMAFACTORY_KEYS if k not in lf] == []
     assert {k: lf[k] for k in LF_DEFAULTS} == LF_DEFAULTS
 
@@ -160,6 +161,7 @@ def test_every_key_is_llamafactorys_name_and_the_documented_defaults_are_its_own
     ({"quantization_type": "int4"}, r"quantization_type 'int4' is not one of nf4, fp4"),
     ({"quantization_method": "gptq"}, r"quantization_method 'gptq' is not one of bnb"),
     ({"ddp_timeout": 0}, r"ddp_timeout must be at least 1"),
+    ({"lora_num_layers": 0}, r"lora_num_layers must be at least 1 \(or unset for every layer\)"),
     ({"push_to_hub": True}, r"push_to_hub needs hub_model_id"),
     ({"resume_from_checkpoint": 3}, r"'resume_from_checkpoint' must be a path or true/false"),
     ({"gradient_checkpointing": "yes"}, r"'gradient_checkpointing' must be true or false"),
@@ -552,6 +554,42 @@ def test_deepspeed_ddp_timeout_and_reporters_are_checked_and_passed_on(tmp_path)
         if importlib.util.find_spec(reporter) is None:
             with pytest.raises(ConfigError, match=f"report_to {reporter} needs the {reporter} package: pip install {reporter}"):
                 preflight(config_from_dict({"dataset": "d", "report_to": reporter}))
+
+
+def test_lora_num_layers_trains_only_the_last_layers_and_their_adapter_loads(tmp_path, tiny_model_dir):
+    """`lora_num_layers: 1` on the tiny model's 2 layers: LoRA on every linear module of layer 1 and nowhere else,
+    those weights move, the base does not, and the saved adapter loads back with the same layers."""
+    from peft import PeftConfig, PeftModel
+
+    from agentrig.models import load_model
+    from agentrig.train.train import run_train
+
+    data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(6, seed=2))
+    snaps = weight_snapshots()
+    result = run_train(tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=2, save_steps=2, lora_num_layers=1,
+                                   lora_target="all"),
+                       callbacks=[snaps])
+    lora = [n for n in snaps.trainable if ".lora_" in n]
+    assert lora and all(".layers.1." in n for n in lora) and snaps.trainable == lora
+    modules = {n.split(".layers.1.")[1].split(".lora_")[0] for n in lora}
+    assert modules == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    assert any(not (snaps.begin[n] == snaps.end[n]).all() for n in lora if ".lora_B." in n)
+    assert all((snaps.begin[n] == snaps.end[n]).all() for n in snaps.begin if n not in lora)
+    saved = _adapter(Path(result.adapter_dir))
+    assert saved and all(".layers.1." in k for k in saved)
+    assert PeftConfig.from_pretrained(result.adapter_dir).layers_to_transform == [1]
+    assert result.vllm_command  # the vLLM check passes: no modules_to_save, no DoRA
+    loaded = PeftModel.from_pretrained(load_model(str(tiny_model_dir)), result.adapter_dir)
+    assert sorted(n for n, _ in loaded.named_parameters() if ".lora_" in n) == sorted(lora)
+
+
+def test_lora_num_layers_beyond_the_model_says_how_many_it_has(tmp_path, tiny_model_dir):
+    from agentrig.train.train import run_train
+
+    data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=2))
+    with pytest.raises(ConfigError, match=r"lora_num_layers 3: the model has 2 decoder layers; give at most 2"):
+        run_train(tiny_config(tiny_model_dir, data, tmp_path / "run", lora_num_layers=3))
 
 
 def test_seed_sets_the_lora_init_and_the_data_order(tmp_path, tiny_model_dir):

@@ -164,12 +164,32 @@ def bnb_config(config: TrainConfig) -> Any:
                               bnb_4bit_compute_dtype=getattr(torch, _compute_dtype(config)))
 
 
-def _lora_config(config: TrainConfig) -> Any:
+def _lora_config(config: TrainConfig, model: Any) -> Any:
+    """PEFT's LoraConfig for `model`: `lora_num_layers` becomes the indices of its last N decoder layers."""
     from peft import LoraConfig
 
+    num_layers = model.config.get_text_config().num_hidden_layers
+    layers = None
+    if config.lora_num_layers is not None:
+        if config.lora_num_layers > num_layers:
+            raise ConfigError(f"lora_num_layers {config.lora_num_layers}: the model has {num_layers} decoder layers; "
+                              f"give at most {num_layers}, or leave it unset for every layer")
+        layers = list(range(num_layers - config.lora_num_layers, num_layers))
+    targets = config.target_modules()
+    if layers is not None and targets == "all-linear":  # PEFT takes layers_to_transform with a list of names only
+        targets = _linear_names(model)
     # No modules_to_save and no DoRA: vLLM refuses both (export.check_vllm_adapter).
     return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=config.target_modules(), bias="none", task_type="CAUSAL_LM")
+                      target_modules=targets, layers_to_transform=layers, bias="none", task_type="CAUSAL_LM")
+
+
+def _linear_names(model: Any) -> list[str]:
+    """The names of `model`'s linear layers but the output head, as PEFT's `all-linear` picks them."""
+    import torch
+
+    head = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and module is not head})
 
 
 def _training_kwargs(config: TrainConfig, checkpoints: Path, evaluate: bool = False) -> dict[str, Any]:
@@ -279,7 +299,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
     val_rows = pack_rows(data.val, config.max_seq_length, packing=config.packing)
     stats.update(samples=len(samples), truncated=truncated, val_samples=len(data.val))
     model = _setup_model(config)
-    peft_config = _lora_config(config)
+    peft_config = _lora_config(config, model)
     if config.adapter_name_or_path:  # continue training an adapter (LLaMA-Factory's meaning for stage sft)
         from peft import PeftModel
 
