@@ -17,22 +17,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
-
-def step_clock():
-    """A callback noting the time at the end of every optimizer step (the first is warm-up and left out)."""
-    from transformers import TrainerCallback
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.ends.append(time.perf_counter())
-
-    return Clock()
+from train_throughput import step_clock  # the same step timer (this folder is on sys.path when run as a script)
 
 
 def build_default_data(work: Path) -> str:
@@ -57,7 +44,7 @@ def time_depth(data: str, layers: int | None, steps: int, work: Path) -> dict[st
                          save_steps=10_000, packing=True, seed=0)
     clock = step_clock()
     result = run_train(config, callbacks=[clock])
-    per_step = (clock.ends[-1] - clock.ends[0]) / (len(clock.ends) - 1)
+    per_step = (clock.marks[-1] - clock.marks[0]) / (len(clock.marks) - 1)
     tokens_per_step = result.tokens / steps
     return {"seconds_per_step": per_step, "tokens_per_s": tokens_per_step / per_step}
 
