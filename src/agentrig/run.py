@@ -288,7 +288,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
 
     tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
                        lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_target=prof.lora_target,
-                       lora_num_layers=prof.lora_num_layers if stage == "sft" else None,
+                       lora_num_layers=prof.lora_num_layers,
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),

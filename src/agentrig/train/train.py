@@ -168,16 +168,15 @@ def _lora_config(config: TrainConfig, model: Any) -> Any:
     """PEFT's LoraConfig for `model`: `lora_num_layers` becomes the indices of its last N decoder layers."""
     from peft import LoraConfig
 
-    num_layers = model.config.get_text_config().num_hidden_layers
-    layers = None
+    targets, layers = config.target_modules(), None
     if config.lora_num_layers is not None:
-        if config.lora_num_layers > num_layers:
-            raise ConfigError(f"lora_num_layers {config.lora_num_layers}: the model has {num_layers} decoder layers; "
-                              f"give at most {num_layers}, or leave it unset for every layer")
-        layers = list(range(num_layers - config.lora_num_layers, num_layers))
-    targets = config.target_modules()
-    if layers is not None and targets == "all-linear":  # PEFT takes layers_to_transform with a list of names only
-        targets = _linear_names(model)
+        total = model.config.get_text_config().num_hidden_layers
+        if config.lora_num_layers > total:
+            raise ConfigError(f"lora_num_layers {config.lora_num_layers}: the model has {total} decoder layers; "
+                              f"give at most {total}, or leave it unset for every layer")
+        layers = list(range(total - config.lora_num_layers, total))
+        if targets == "all-linear":  # PEFT takes layers_to_transform with a list of names only
+            targets = _linear_names(model)
     # No modules_to_save and no DoRA: vLLM refuses both (export.check_vllm_adapter).
     return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=targets, layers_to_transform=layers, bias="none", task_type="CAUSAL_LM")
@@ -299,7 +298,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
     val_rows = pack_rows(data.val, config.max_seq_length, packing=config.packing)
     stats.update(samples=len(samples), truncated=truncated, val_samples=len(data.val))
     model = _setup_model(config)
-    peft_config = _lora_config(config, model)
+    peft_config = None if config.adapter_name_or_path else _lora_config(config, model)
     if config.adapter_name_or_path:  # continue training an adapter (LLaMA-Factory's meaning for stage sft)
         from peft import PeftModel
 
@@ -307,7 +306,6 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
 
         with quiet_loading():
             model = PeftModel.from_pretrained(model, config.adapter_name_or_path, is_trainable=True)
-        peft_config = None
     _check_vocab(max(max(r["input_ids"]) for r in rows + val_rows), model, config.dataset)
     # Rows of a batch are joined without padding when attention already keeps samples apart by position.
     per_sample_attention = model.config._attn_implementation in (PACKED_ATTENTION, "flash_attention_2",
