@@ -200,3 +200,26 @@ def test_resume_reads_a_meta_file_from_before_save_config(tmp_path):
     assert lines[:4] == first and len(lines) == 6
     with pytest.raises(ConfigError, match="settings differ.*seed"):
         run_collect(CollectConfig(episodes=8, out=str(out), seed=3, tool_listing="json"), resume=True, progress=False)
+
+
+def _collect_script(out: Path) -> str:
+    return ("from agentrig.data.collect import CollectConfig, run_collect\n"
+            f"run_collect(CollectConfig(episodes=4, out={str(out)!r}, workers=2), progress=False)\n")
+
+
+def test_workers_from_a_script_without_a_main_guard_fail_with_what_to_do(tmp_path):
+    """Spawned workers re-run such a script and die starting; the pool is reported broken, not respawned forever."""
+    script = tmp_path / "collect_it.py"
+    script.write_text(_collect_script(tmp_path / "train.jsonl"))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert 'if __name__ == "__main__":' in proc.stderr and "--workers 1" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_workers_from_stdin_run_in_this_process(tmp_path):
+    """`python - <<EOF` has no main file for a worker to import: the episodes are collected here instead."""
+    out = tmp_path / "train.jsonl"
+    proc = subprocess.run([sys.executable, "-"], input=_collect_script(out), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "running in this process" in proc.stderr
+    assert len(out.read_text().splitlines()) == 4

@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -265,10 +266,8 @@ WINDOW_BATCHES = 8  # a model teacher's episodes are opened and run this many ba
 def _lines(cfg: CollectConfig, start: int) -> Iterator[str]:
     """Lines start..episodes-1 in index order, from workers, this process, or a batched teacher."""
     indices = range(start, cfg.episodes)
-    if cfg.teacher == "expert" and cfg.workers > 1:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(cfg.workers, initializer=_setup_worker, initargs=(cfg,)) as pool:
-            yield from pool.imap(run_one, indices, chunksize=8)
+    if cfg.teacher == "expert" and cfg.workers > 1 and _spawn_can_start():
+        yield from _spawned(cfg, indices)
         return
     _setup_worker(cfg)
     if cfg.teacher == "expert":
@@ -290,6 +289,38 @@ def _lines(cfg: CollectConfig, start: int) -> Iterator[str]:
         close = getattr(policy, "close", None)
         if close is not None:
             close()
+
+
+def _spawn_can_start() -> bool:
+    """Whether spawned workers can re-import `__main__`: not when it names a file that is not there (`python - <<EOF`)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is None or os.path.isfile(path):
+        return True
+    print(f"collect: the main module {path!r} is not a file a spawned worker can import; running in this process",
+          file=sys.stderr)
+    return False
+
+
+def _spawned(cfg: CollectConfig, indices: range) -> Iterator[str]:
+    """Expert episodes from `cfg.workers` spawned processes, in index order.
+
+    A worker that dies while starting (a script that calls this without `if __name__ == "__main__":` re-runs
+    itself in every spawned process) breaks the pool, which is raised with what to do, instead of the endless
+    respawning `multiprocessing.Pool` falls into.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn"), initializer=_setup_worker,
+                               initargs=(cfg,))
+    try:
+        yield from pool.map(run_one, indices, chunksize=8)
+    except BrokenProcessPool as e:
+        raise ConfigError(f"--workers {cfg.workers}: a worker process died while starting ({e}; its error is printed above). Workers are spawned and import the "
+                          "main module again: a script that collects must do so under `if __name__ == \"__main__\":`; "
+                          "or collect with --workers 1") from e
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _remote_teacher(cfg: CollectConfig) -> Any:
