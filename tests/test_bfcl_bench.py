@@ -78,18 +78,23 @@ def test_a_policy_that_never_calls_passes_only_irrelevance(sample, tmp_path):
     assert {s.category: s.correct for s in result.scores} == {c: (LIMIT if c == "irrelevance" else 0) for c in data.CATEGORIES}
 
 
-def test_parallel_calls_in_one_turn_or_one_per_step_are_scored_whole(sample, tmp_path):
+def test_parallel_calls_scored_on_the_first_response_and_on_the_whole_episode(sample, tmp_path):
     """The scripted policy answers parallel entries with every call in one turn (several <tool_call> blocks),
-    with one call per step (as the local policy tends to), or one call short; the scores follow."""
+    with one call per step, one call short, or every call in one turn and then one of them again. BFCL's verdict
+    reads the first response (one_turn and resend pass); the whole episode's reads every call (one_turn and
+    one_per_step pass)."""
     categories = ["parallel", "parallel_multiple"]
-    modes = ["one_turn", "one_per_step", "one_short"]
+    modes = ["one_turn", "one_per_step", "one_short", "resend"]
+    passes = {"one_turn": (True, True), "one_per_step": (False, True), "one_short": (False, False),
+              "resend": (True, False)}
     entries = {c: sample[c] for c in categories}
     script, mode_of, expected = {}, {}, {}
     for i, entry in enumerate(e for c in categories for e in entries[c]):
         calls = reference_calls(entry.functions, entry.answer)
         assert len(calls) >= 2, entry.id
         mode_of[entry.id] = mode = modes[i % len(modes)]
-        steps = {"one_turn": [calls], "one_per_step": [[c] for c in calls], "one_short": [calls[:-1]]}[mode]
+        steps = {"one_turn": [calls], "one_per_step": [[c] for c in calls], "one_short": [calls[:-1]],
+                 "resend": [calls, calls[:1]]}[mode]
         script[entry.id] = [HERMES.format_calls(step) for step in steps] + ["Done."]
         expected[entry.id] = [[{"name": c.name, "arguments": c.arguments} for c in step] for step in steps]
     result = run_bfcl(BenchConfig(model="scripted", out=tmp_path, categories=categories), ScriptedPolicy(script),
@@ -101,15 +106,23 @@ def test_parallel_calls_in_one_turn_or_one_per_step_are_scored_whole(sample, tmp
         (episode,) = outcome.episodes
         assert [len(s.calls) for s in episode.steps] == [len(step) for step in expected[outcome.id]] + [0]
         assert [len(s.results) for s in episode.steps[:-1]] == [len(step) for step in expected[outcome.id]]
-        if mode == "one_short":
-            assert (outcome.valid, outcome.error_type) == (False, "wrong_count"), outcome.id
-        else:
-            assert outcome.valid, (outcome.id, outcome.error)
+        assert (outcome.valid, outcome.episode_valid) == passes[mode], (outcome.id, mode, outcome.error)
+        if not outcome.valid:
+            assert outcome.error_type == "wrong_count", outcome.id
+        if mode == "resend":
+            assert outcome.episode_error_type == "wrong_count", outcome.id
     results = json.loads((tmp_path / "results.json").read_text())
     for category in categories:
-        n_valid = sum(mode_of[e.id] != "one_short" for e in entries[category])
-        assert results["categories"][category]["accuracy"] == pytest.approx(n_valid / len(entries[category]))
+        n = len(entries[category])
+        first = sum(passes[mode_of[e.id]][0] for e in entries[category])
+        whole = sum(passes[mode_of[e.id]][1] for e in entries[category])
+        assert results["categories"][category]["accuracy"] == pytest.approx(first / n)
+        assert results["categories"][category]["episode"]["accuracy"] == pytest.approx(whole / n)
+        row = next(line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith(f"| {category} |"))
+        assert row.endswith(f"| {100 * whole / n:.1f} |") and f"| {n} | {first} |" in row
     assert {m for m in mode_of.values()} == set(modes)
+    by_id = {r["id"]: r for r in results["entries"]}
+    assert all((by_id[i]["valid"], by_id[i]["episode_valid"]) == passes[m] for i, m in mode_of.items())
 
 
 def test_wilson_interval():

@@ -27,11 +27,15 @@ PUBLISHED: dict[str, dict[str, str]] = {
 
 @dataclass(frozen=True)
 class CategoryScore:
-    """Accuracy of one category: entries run, entries passed, the proportion and its 95% interval."""
+    """Accuracy of one category: entries run, entries passed (BFCL's verdict), the proportion and its 95% interval.
+
+    `episode_correct` counts entries whose whole episode passes (every call until a reply without one).
+    """
 
     category: str
     n: int
     correct: int
+    episode_correct: int | None = None  # None: the same as `correct`
 
     @property
     def accuracy(self) -> float:
@@ -46,7 +50,16 @@ class CategoryScore:
     def to_dict(self) -> dict[str, Any]:
         """The JSON record of this score."""
         low, high = self.ci95
-        return {"n": self.n, "correct": self.correct, "accuracy": self.accuracy, "ci95": [low, high]}
+        whole = self.correct if self.episode_correct is None else self.episode_correct
+        e_low, e_high = wilson_interval(whole, self.n)
+        return {"n": self.n, "correct": self.correct, "accuracy": self.accuracy, "ci95": [low, high],
+                "episode": {"correct": whole, "accuracy": whole / self.n if self.n else 0.0, "ci95": [e_low, e_high]}}
+
+    @property
+    def episode_accuracy(self) -> float:
+        """Entries whose whole episode passes / run."""
+        whole = self.correct if self.episode_correct is None else self.episode_correct
+        return whole / self.n if self.n else 0.0
 
 
 def _pct(x: float) -> str:
@@ -62,12 +75,18 @@ def render_report(header: dict[str, Any], scores: list[CategoryScore]) -> str:
         f"- date: {header['date']}; bfcl-eval data {header['bfcl_eval_version']}; protocol {header['protocol']}",
         f"- limit per category: {header['limit'] if header.get('limit') else 'none (all entries)'}",
         "",
-        "| category | n | correct | accuracy % | 95% interval % |",
-        "|---|---:|---:|---:|---|",
+        "Accuracy is BFCL's protocol: a single-turn entry is scored on the model's first response (all the calls",
+        "of that one turn). The last column scores the whole harness episode instead: every call until the model",
+        "replies without one, so resending an answer after the recorded observation, or spreading a parallel",
+        "answer over several turns, fails there.",
+        "",
+        "| category | n | correct | accuracy % | 95% interval % | whole episode % |",
+        "|---|---:|---:|---:|---|---:|",
     ]
     for s in scores:
         low, high = s.ci95
-        lines.append(f"| {s.category} | {s.n} | {s.correct} | {_pct(s.accuracy)} | {_pct(low)}-{_pct(high)} |")
+        lines.append(f"| {s.category} | {s.n} | {s.correct} | {_pct(s.accuracy)} | {_pct(low)}-{_pct(high)} "
+                     f"| {_pct(s.episode_accuracy)} |")
     shown = [s.category for s in scores]
     lines += ["", f"## Comparison ({PUBLISHED_LABEL}; not measured here)", ""]
     lines.append("| model | " + " | ".join(shown) + " |")

@@ -3,10 +3,12 @@
 Each BFCL function document becomes a `Tool` (schema from `agentrig.bfcl.types`); the question becomes
 the task prompt; the policy answers through the configured protocol, exactly as in training.
 
-- Single-turn categories: tools are not executed; a call gets a fixed "recorded" observation. The answer
-  is every call the model makes before it replies without one (the default local policy writes one call
-  per step, so a parallel answer spans several steps; at most SINGLE_TURN_MAX_STEPS), scored by
-  `checker.check_entry`.
+- Single-turn categories: tools are not executed; a call gets a fixed "recorded" observation. Two verdicts
+  per entry, both by `checker.check_entry`: BFCL's own (`valid`), on the calls of the model's first
+  response, as BFCL reads one response per single-turn entry (a parallel answer is several calls in that
+  one turn); and the whole episode's (`episode_valid`), on every call the model makes before it replies
+  without one (at most SINGLE_TURN_MAX_STEPS), which also fails a model that resends its answer after the
+  recorded observation or spreads a parallel answer over several steps.
 - multi_turn_base: tools dispatch to the entry's live BFCL backends. Each user turn is one harness
   episode whose context carries the previous turns' messages; a turn ends when the model replies without
   a call. A turn that reaches the step limit force-terminates the entry, as in BFCL. The recorded calls
@@ -45,7 +47,11 @@ RECORDED = "Call recorded (this benchmark does not execute single-turn calls). R
 
 @dataclass
 class EntryOutcome:
-    """One scored entry: verdict, BFCL error label, the calls scored (per turn, per step) and its episodes."""
+    """One scored entry: BFCL's verdict and error label, the whole episode's, the calls (per turn, per step), its episodes.
+
+    `valid` is BFCL's protocol (single-turn: the first response's calls); `episode_valid` scores every call
+    of the episode (single-turn: all steps until a reply without a call; multi-turn: the same as `valid`).
+    """
 
     id: str
     category: str
@@ -54,6 +60,12 @@ class EntryOutcome:
     error: str
     calls: list[list[list[dict[str, Any]]]]
     episodes: list[Episode] = field(default_factory=list)
+    episode_valid: bool | None = None  # None: the same as `valid`
+    episode_error_type: str = ""
+
+    def __post_init__(self) -> None:
+        if self.episode_valid is None:
+            self.episode_valid, self.episode_error_type = self.valid, self.error_type
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record written to results.json (episodes are written separately)."""
@@ -63,6 +75,8 @@ class EntryOutcome:
             "valid": self.valid,
             "error_type": self.error_type,
             "error": self.error,
+            "episode_valid": self.episode_valid,
+            "episode_error_type": self.episode_error_type,
             "calls": self.calls,
         }
 
@@ -110,16 +124,17 @@ def _call_dicts(steps: list[list[ToolCall]]) -> list[list[dict[str, Any]]]:
 
 
 def run_single_turn(entries: list[BfclEntry], policy: Any, config: HarnessConfig, batch_size: int = 16) -> list[EntryOutcome]:
-    """Run and score single-turn entries (one episode each)."""
+    """Run and score single-turn entries (one episode each): the first response (BFCL's), and the whole episode."""
     jobs = [(_task(e, turn_prompt(e.turns[0]), 0), build_toolset(e, None), None) for e in entries]
     episodes = run_episodes(jobs, policy, config, batch_size=batch_size)
     outcomes: list[EntryOutcome] = []
     for entry, episode in zip(entries, episodes):
+        first = list(episode.steps[0].calls) if episode.steps else []
         steps = [step.calls for step in episode.steps if step.calls]
-        calls = [call for step in steps for call in step]
-        result = check_entry(entry.category, entry.functions, calls, entry.answer)
+        whole = check_entry(entry.category, entry.functions, [call for step in steps for call in step], entry.answer)
+        result = check_entry(entry.category, entry.functions, first, entry.answer)
         outcomes.append(EntryOutcome(entry.id, entry.category, result.valid, result.error_type, result.error,
-                                     [_call_dicts(steps)], [episode]))
+                                     [_call_dicts(steps)], [episode], whole.valid, whole.error_type))
     return outcomes
 
 
