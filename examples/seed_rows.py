@@ -1,14 +1,15 @@
 """Row 4 of docs/training.md again, with only the training seed changed: how much of a row is the seed.
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
+    [--neftune ALPHA]
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
 `TrainConfig.seed = N` (LoRA's initial weights and the row order; the data stay byte for byte the same), and the
 evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and faults). No curve, no base row.
 `agentrig compare OUT_A/eval:sft OUT_B/eval:sft` then pairs two seeds task by task. About 40 minutes on 2 cores.
 `--split test` evaluates one split only (40 tasks, about 5 minutes). `--episodes`, `--steps` and `--lora-layers` change
-the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`; one knob per row: the rest of the
-profile stays).
+the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); `--neftune` turns on NEFTune noise
+(`neftune_noise_alpha`). One knob per row: the rest of the profile stays.
 """
 import argparse
 import json
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=None, help="teacher episodes (default: the profile's, 400)")
     ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the profile's, 200)")
     ap.add_argument("--lora-layers", type=int, default=None, help="LoRA on the last N decoder layers (default: the profile's)")
+    ap.add_argument("--neftune", type=float, default=None, help="NEFTune alpha, neftune_noise_alpha (default: the profile's, off)")
     a = ap.parse_args()
     from agentrig import run
 
@@ -31,14 +33,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     prof, cfg = run.PROFILES["default"], run.RunConfig(out=str(out))
     prof = replace(prof, train_episodes=a.episodes or prof.train_episodes, sft_steps=a.steps or prof.sft_steps,
-                   lora_num_layers=a.lora_layers or prof.lora_num_layers)
+                   lora_num_layers=a.lora_layers or prof.lora_num_layers, neftune_alpha=a.neftune or prof.neftune_alpha)
     collect = run._collect(cfg, prof, out)
     data = run._build(cfg, prof, out, [collect["episodes_file"]])
     sft = run._train(replace(cfg, seed=a.train_seed), prof, out, "sft", data["data_dir"], prof.sft_steps)
     splits = a.split.split(",") if a.split else None
     ev = run._evaluate(cfg, prof, out, {"sft": sft["adapter"]}, ["sft"], splits=splits)
     summary = {"train_seed": a.train_seed, "episodes": prof.train_episodes, "steps": prof.sft_steps,
-               "lora_num_layers": prof.lora_num_layers,
+               "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}
     (out / "seed_row.json").write_text(json.dumps(summary, indent=1))

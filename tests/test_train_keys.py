@@ -673,3 +673,38 @@ def test_push_to_hub_uploads_the_trained_adapter_through_peft(tmp_path, tiny_mod
     adapter = Path(result.adapter_dir)
     assert uploads["files"]["adapter_model.safetensors"] == (adapter / "adapter_model.safetensors").read_bytes()
     assert json.loads(uploads["files"]["adapter_config.json"]) == json.loads((adapter / "adapter_config.json").read_text())
+
+
+def test_neftune_noise_alpha_puts_noise_on_the_embeddings_while_training(tmp_path, tiny_model_dir):
+    """`neftune_noise_alpha`: the input embeddings are noisy in training mode (two passes over the same ids differ)
+    and exact in eval mode; the same seed without it trains another adapter."""
+    import torch
+    from transformers import TrainerCallback
+
+    from agentrig.train.train import run_train
+
+    class Probe(TrainerCallback):
+        seen: list[tuple[bool, bool]] = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            embed = model.get_input_embeddings()
+            ids = torch.tensor([[1, 2, 3, 4]])
+            was = embed.training
+            embed.train()
+            noisy = not torch.equal(embed(ids), embed(ids))
+            embed.eval()
+            exact = torch.equal(embed(ids), embed(ids))
+            embed.train(was)
+            self.seen.append((noisy, exact))
+
+    data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(6, seed=3))
+    probe = Probe()
+    noisy = run_train(tiny_config(tiny_model_dir, data, tmp_path / "noisy", max_steps=2, save_steps=2, seed=5,
+                                  neftune_noise_alpha=5.0), callbacks=[probe])
+    assert probe.seen == [(True, True), (True, True)]
+    plain = run_train(tiny_config(tiny_model_dir, data, tmp_path / "plain", max_steps=2, save_steps=2, seed=5))
+    a, b = _adapter(Path(noisy.adapter_dir)), _adapter(Path(plain.adapter_dir))
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.isfinite(v).all() for v in a.values())
+    with pytest.raises(ConfigError, match="neftune_noise_alpha must be positive"):
+        run_train(tiny_config(tiny_model_dir, data, tmp_path / "bad", neftune_noise_alpha=0.0))

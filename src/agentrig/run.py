@@ -65,6 +65,7 @@ class Profile:
     lora_target: str = "all"  # LoRA on every linear layer; the seed's q/k/v/o measured worse (docs/training.md)
     learning_rate: float = 1.0e-3  # LoRA's best rate is ~10x full fine-tuning's; 2e-4 barely moved the loss here
     lora_num_layers: int | None = None  # LoRA on the last N decoder layers (None: all); cheaper steps, docs/training.md
+    neftune_alpha: float | None = None  # NEFTune noise on the input embeddings while training (None: off), docs/training.md
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
     repeat_notice: bool = False  # HarnessConfig.repeat_notice at collection and evaluation
     repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
@@ -288,7 +289,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
 
     tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
                        lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_target=prof.lora_target,
-                       lora_num_layers=prof.lora_num_layers,
+                       lora_num_layers=prof.lora_num_layers, neftune_noise_alpha=prof.neftune_alpha,
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),

@@ -202,6 +202,7 @@ def _training_kwargs(config: TrainConfig, checkpoints: Path, evaluate: bool = Fa
         gradient_accumulation_steps=config.gradient_accumulation_steps, learning_rate=config.learning_rate,
         num_train_epochs=config.num_train_epochs, max_steps=config.max_steps or -1,
         lr_scheduler_type=config.lr_scheduler_type, **_warmup(config.warmup_ratio, transformers.__version__),
+        neftune_noise_alpha=config.neftune_noise_alpha,
         seed=config.seed, data_seed=config.seed, save_strategy="steps", save_steps=config.save_steps, save_total_limit=2,
         logging_steps=1, disable_tqdm=True, log_level="warning", bf16=bf16, fp16=config.fp16,
         # TensorBoard is attached by run_train (its folder is `logging_dir`, the same on every transformers).

@@ -63,6 +63,10 @@ class TrainConfig:
         "stops below them, so a step is cheaper (SmolLM2-135M, 30 layers, 2 CPU cores: N=10 trains 1.65x as many "
         "steps a minute, N=20 1.29x; benchmarks/lora_depth.py); unset = every layer"))
     learning_rate: float = field(default=2.0e-4, metadata=_help("peak learning rate (AdamW)"))
+    neftune_noise_alpha: float | None = field(default=None, metadata=_help(
+        "NEFTune: uniform noise of scale alpha / sqrt(row length x hidden size) added to the input embeddings "
+        "while training (transformers' hook; LLaMA-Factory, TRL and Axolotl use this name; the paper's alpha: 5); "
+        "unset = off"))
     per_device_train_batch_size: int = field(default=2, metadata=_help(
         "rows per device per micro-batch; with packing a row holds several samples"))
     gradient_accumulation_steps: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
@@ -320,7 +324,7 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"config key {name!r} must be an integer, got {value!r}")
         return value
-    if kind == "float":
+    if kind in ("float", "float | None"):
         if isinstance(value, bool):
             raise ConfigError(f"config key {name!r} must be a number, got {value!r}")
         try:
@@ -367,6 +371,8 @@ def _validate(config: TrainConfig) -> None:
         raise ConfigError("learning_rate, num_train_epochs and pref_beta must be positive")
     if config.pref_ftx < 0:
         raise ConfigError(f"pref_ftx must be >= 0 (0 = plain DPO), got {config.pref_ftx}")
+    if config.neftune_noise_alpha is not None and config.neftune_noise_alpha <= 0:
+        raise ConfigError(f"neftune_noise_alpha must be positive (or unset for no noise), got {config.neftune_noise_alpha}")
     if config.lora_num_layers is not None and config.lora_num_layers < 1:
         raise ConfigError(f"lora_num_layers must be at least 1 (or unset for every layer), got {config.lora_num_layers}")
     if not config.target_modules():
