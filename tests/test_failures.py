@@ -113,3 +113,19 @@ def test_classify_episodes_clears_a_stale_class():
     assert classify_episodes([ep])["no_call"] == 1
     ep.success = True
     assert sum(classify_episodes([ep]).values()) == 0 and "failure" not in ep.metadata
+
+
+def test_a_permitted_tool_the_task_does_not_need_is_a_wrong_tool_unless_chosen_after_a_failure():
+    task = next(t for t in TASKS if t.family == "single_lookup" and t.metadata["variant"] == "manager"
+                and "list_tables" in t.allowed_tools)
+    assert task.expected["needed_tools"] == ["region_info"]
+    chosen = episode(task, [call("list_tables"), "I could not find the manager."])
+    failure = classify_failure(chosen)
+    assert failure.kind == "wrong_tool", failure
+    assert failure.detail == ("called list_tables, which this task does not need (it needs region_info), "
+                              "while every call so far had worked")
+    # region_info fails first: trying another tool is recovery, and the episode is classified by what follows.
+    switched = episode(task, [call("region_info", region=task.metadata["params"]["region"]), call("list_tables"),
+                              "I could not find the manager."], hook=lambda c, execute: failing_hook(c, execute)
+                       if c.name == "region_info" else execute())
+    assert switched.success is False and classify_failure(switched).kind != "wrong_tool"

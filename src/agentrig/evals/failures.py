@@ -8,7 +8,9 @@ and the checker's verdict (`CheckResult` fields), so they work for any environme
 - `stuck`             the identical call resent until the harness stopped the episode (after an error,
                       or after a result that was fine);
 - `budget`            the step, token or wall-clock budget ran out;
-- `wrong_tool`        a call to a tool that does not exist or is outside the task's allowlist;
+- `wrong_tool`        a call to a tool that does not exist or is outside the task's allowlist, or to a permitted
+                      tool the task's solution does not use (`expected["needed_tools"]`), made while every call
+                      so far had worked (a choice, not a fallback after a failure);
 - `schema_violation`  a call whose arguments broke the schema and was never fixed (field, expected, given);
 - `unparseable_call`  a call the protocol parser could not read, never written again correctly;
 - `no_call`           a final answer without any tool call on a task that needs tools;
@@ -131,6 +133,22 @@ def _wrong_tool(ep: Episode) -> Failure | None:
             if d.kind in ("unknown_tool", "not_permitted"):
                 what = "does not exist" if d.kind == "unknown_tool" else "is not permitted for this task"
                 return Failure("wrong_tool", f"called {d.tool!r}, which {what}")
+    return _unneeded_tool(ep)
+
+
+def _unneeded_tool(ep: Episode) -> Failure | None:
+    """A permitted tool the task's solution does not use (`expected["needed_tools"]`), chosen while every call so far
+    had worked: a choice, not a fallback after a failure (switching to another tool then is recovery)."""
+    needed = (ep.task.expected or {}).get("needed_tools") or []
+    offered = {t.get("function", {}).get("name") for t in ep.tools}
+    if not needed or not set(needed) <= offered:  # no solution recorded, or renamed tools: names cannot be compared
+        return None
+    for call, result in _calls(ep):
+        if call.name not in needed and call.name in offered:
+            return Failure("wrong_tool", f"called {call.name}, which this task does not need (it needs "
+                                         f"{', '.join(needed)}), while every call so far had worked")
+        if result is None or not result.ok or result.fault or result.content.startswith("No result"):
+            return None
     return None
 
 
