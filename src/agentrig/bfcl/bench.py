@@ -91,7 +91,7 @@ def run_bfcl(config: BenchConfig, policy: Any, entries: dict[str, list[BfclEntry
     for category in config.categories:
         done = run_entries(entries[category], policy, harness, config.batch_size)
         outcomes.extend(done)
-        scores.append(CategoryScore(category, len(done), sum(o.valid for o in done), sum(bool(o.episode_valid) for o in done)))
+        scores.append(CategoryScore(category, len(done), sum(o.valid for o in done), sum(o.episode_valid for o in done)))
         print(f"{category}: {scores[-1].correct}/{scores[-1].n} (whole episode {scores[-1].episode_correct})", flush=True)
     header = {
         "benchmark": "bfcl",
@@ -121,6 +121,6 @@ def main(args: argparse.Namespace) -> int:
     for s in result.scores:
         low, high = s.ci95
         print(f"{s.category:<20}{s.n:>5}{100 * s.accuracy:>8.1f}  {f'{100 * low:.1f}-{100 * high:.1f}':<14}"
-              f"{100 * s.episode_accuracy:>9.1f}")
+              f"{100 * s.episode().accuracy:>9.1f}")
     print(f"\nwritten: {config.out / 'results.json'}, {config.out / 'report.md'}")
     return 0

@@ -50,16 +50,13 @@ class CategoryScore:
     def to_dict(self) -> dict[str, Any]:
         """The JSON record of this score."""
         low, high = self.ci95
-        whole = self.correct if self.episode_correct is None else self.episode_correct
-        e_low, e_high = wilson_interval(whole, self.n)
         return {"n": self.n, "correct": self.correct, "accuracy": self.accuracy, "ci95": [low, high],
-                "episode": {"correct": whole, "accuracy": whole / self.n if self.n else 0.0, "ci95": [e_low, e_high]}}
+                **({} if self.episode_correct is None else {"episode": self.episode().to_dict()})}
 
-    @property
-    def episode_accuracy(self) -> float:
-        """Entries whose whole episode passes / run."""
+    def episode(self) -> "CategoryScore":
+        """The whole-episode score of the same entries (the same as this one when it was not counted apart)."""
         whole = self.correct if self.episode_correct is None else self.episode_correct
-        return whole / self.n if self.n else 0.0
+        return CategoryScore(self.category, self.n, whole)
 
 
 def _pct(x: float) -> str:
@@ -86,7 +83,7 @@ def render_report(header: dict[str, Any], scores: list[CategoryScore]) -> str:
     for s in scores:
         low, high = s.ci95
         lines.append(f"| {s.category} | {s.n} | {s.correct} | {_pct(s.accuracy)} | {_pct(low)}-{_pct(high)} "
-                     f"| {_pct(s.episode_accuracy)} |")
+                     f"| {_pct(s.episode().accuracy)} |")
     shown = [s.category for s in scores]
     lines += ["", f"## Comparison ({PUBLISHED_LABEL}; not measured here)", ""]
     lines.append("| model | " + " | ".join(shown) + " |")

@@ -316,9 +316,9 @@ def _spawned(cfg: CollectConfig, indices: range) -> Iterator[str]:
     try:
         yield from pool.map(run_one, indices, chunksize=8)
     except BrokenProcessPool as e:
-        raise ConfigError(f"--workers {cfg.workers}: a worker process died while starting ({e}; its error is printed above). Workers are spawned and import the "
-                          "main module again: a script that collects must do so under `if __name__ == \"__main__\":`; "
-                          "or collect with --workers 1") from e
+        raise ConfigError(f"--workers {cfg.workers}: a worker process died while starting ({e}; its error is printed "
+                          "above). Workers are spawned and import the main module again: a script that collects must do "
+                          "so under `if __name__ == \"__main__\":`; or collect with --workers 1") from e
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
