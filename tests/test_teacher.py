@@ -224,3 +224,46 @@ def test_repeat_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="has no repeat detours"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", repeat_detours=0.5))
     assert _expert(load_env("datadesk"), CollectConfig(repeat_detours=0.5)).repeat_rate == 0.5
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_DATE = re.compile(r"\d{4}-\d{2}(?:-\d{2})?")
+
+
+def _figures(text):
+    return [float(x) for x in _NUMBER.findall(_DATE.sub(" ", text))]
+
+
+def _list_lengths(content):
+    """How many items each list of a JSON result holds (a count read off the result, not worked out)."""
+    try:
+        stack, out = [json.loads(content)], []
+    except ValueError:
+        return []
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack += v.values()
+        elif isinstance(v, list):
+            out.append(float(len(v)))
+            stack += v
+    return out
+
+
+def test_every_figure_the_expert_answers_was_in_the_request_or_a_tool_result(env):
+    """The teacher never states a number it worked out in its head: the student would learn to invent figures.
+
+    Checked with faults on, so fallbacks through run_sql (whose rows must then carry the total the lookup tool
+    would have given) are covered too."""
+    cfg = FaultConfig.from_total(0.25, no_mutate=env.side_effect_tools, drift_names=env.drift_names)
+    unground = []
+    for i, task in enumerate(env.tasks("train", 160, seed=12)):
+        ep, _, _ = _run(env, task, hook=cfg.injector(i))
+        if not ep.final_answer:
+            continue
+        seen = _figures(task.prompt) + [x for s in ep.steps for r in s.results
+                                        for x in _figures(r.content) + _list_lengths(r.content)]
+        for v in _figures(ep.final_answer):
+            if not any(abs(v - x) < 1e-9 or abs(v - round(x, 2)) < 1e-9 for x in seen):
+                unground.append((task.family, v, ep.final_answer))
+    assert not unground, unground[:5]

@@ -472,9 +472,9 @@ def solve_long_task(ep: EpisodeSolver) -> Solver:
     if isinstance(total, Failure):
         yield give_up("the USD total", total)
         return
-    parts = "; ".join(f"{s['region']} {_fmt(s['total'])} {s['currency']} = {_fmt(s['total'] * r['rate'])} USD"
-                      for s, r in zip(sales, rates))
-    yield Action(f"{parts}. Combined: {_fmt(total)} USD.", final=True)
+    # Only figures the tools returned: a total converted in the answer's own head would teach inventing numbers.
+    parts = ", ".join(f"{s['region']} {_fmt(s['total'])} {s['currency']}" for s in sales)
+    yield Action(f"{parts}. Combined in USD: {_fmt(total)} USD.", final=True)
 
 
 def solve_impossible(ep: EpisodeSolver) -> Solver:

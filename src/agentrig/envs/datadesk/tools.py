@@ -74,8 +74,7 @@ def _shape_orders(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | st
     if not rows:
         return NO_RESULT
     orders = [{"order_id": r[2], "sku": r[3], "quantity": r[4], "amount": r[5]} for r in rows if r[2] is not None]
-    return {"customer_id": rows[0][0], "currency": rows[0][1], "orders": orders,
-            "total": _round2(sum(o["amount"] for o in orders))}
+    return {"customer_id": rows[0][0], "currency": rows[0][1], "orders": orders, "total": _round2(rows[0][6])}
 
 
 def _shape_sales(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | str:
@@ -101,7 +100,7 @@ def _shape_product(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | s
 def _shape_stock(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | str:
     if not rows:
         return NO_RESULT
-    return {"sku": rows[0][0], "on_hand": sum(r[2] for r in rows), "warehouses": {r[1]: r[2] for r in rows}}
+    return {"sku": rows[0][0], "on_hand": rows[0][3], "warehouses": {r[1]: r[2] for r in rows}}
 
 
 def _shape_rate(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | str:
@@ -134,7 +133,7 @@ def _shape_ticket(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | st
 def _shape_counts(cols: list[str], rows: list[list[Any]]) -> dict[str, Any] | str:
     if not rows:
         return NO_RESULT
-    return {"counts": {r[0]: r[1] for r in rows}, "total": sum(r[1] for r in rows)}
+    return {"counts": {r[0]: r[1] for r in rows}, "total": rows[0][2]}
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,8 @@ LOOKUPS: dict[str, Lookup] = {
         "SELECT c.customer_id, c.name, r.name, c.segment FROM customers c JOIN regions r ON r.region_id = c.region_id "
         "WHERE lower(c.name) = lower(:name)", _shape_customer),
     "list_orders": Lookup(
-        "SELECT c.customer_id, r.currency, o.order_id, o.sku, o.quantity, o.amount FROM customers c "
+        "SELECT c.customer_id, r.currency, o.order_id, o.sku, o.quantity, o.amount, ROUND(TOTAL(o.amount) OVER (), 2) "
+        "AS total FROM customers c "
         "JOIN regions r ON r.region_id = c.region_id LEFT JOIN orders o ON o.customer_id = c.customer_id "
         "AND o.month = :month WHERE c.customer_id = :customer_id ORDER BY o.order_id", _shape_orders),
     "sales_total": Lookup(
@@ -165,7 +165,8 @@ LOOKUPS: dict[str, Lookup] = {
     "find_product": Lookup(
         "SELECT sku, name, category, unit_price_usd FROM products WHERE lower(name) = lower(:name)", _shape_product),
     "stock_level": Lookup(
-        "SELECT sku, warehouse, on_hand FROM inventory WHERE sku = upper(:sku) ORDER BY warehouse", _shape_stock),
+        "SELECT sku, warehouse, on_hand, SUM(on_hand) OVER () AS total_on_hand FROM inventory WHERE sku = upper(:sku) "
+        "ORDER BY warehouse", _shape_stock),
     "exchange_rate": Lookup(
         "SELECT ROUND(a.rate_to_usd / b.rate_to_usd, 6) FROM exchange_rates a JOIN exchange_rates b "
         "ON a.month = b.month WHERE a.currency = upper(:from_currency) AND b.currency = upper(:to_currency) "
@@ -181,7 +182,8 @@ LOOKUPS: dict[str, Lookup] = {
         "SELECT ticket_id, customer_id, opened, priority, status, subject FROM tickets "
         "WHERE ticket_id = upper(:ticket_id)", _shape_ticket),
     "ticket_counts": Lookup(
-        "SELECT status, COUNT(*) FROM tickets WHERE opened = :month GROUP BY status ORDER BY status", _shape_counts),
+        "SELECT status, COUNT(*), SUM(COUNT(*)) OVER () AS total FROM tickets WHERE opened = :month GROUP BY status "
+        "ORDER BY status", _shape_counts),
 }
 
 
