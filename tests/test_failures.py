@@ -47,8 +47,7 @@ CASES = {
     "call_on_no_tool": lambda: episode(task_of("no_tool"), [call("list_tables"), "Done."]),
     "no_honest_answer": lambda: episode(task_of("impossible"), ["The total is 1234.50."]),
     "stuck": lambda: episode(MANAGER, [call("region_info", region="South")] * 3),
-    "budget": lambda: episode(MANAGER, [call("list_tables"), call("region_info", region="North")],
-                              HarnessConfig(max_steps=2)),
+    "budget": lambda: episode(MANAGER, [call("region_info", region="South")], HarnessConfig(max_steps=1)),
     "wrong_tool": lambda: episode(MANAGER, [call("send_report", to="south.manager@datadesk.example", subject="Manager", body="x"), "I could not find it."]),
     "schema_violation": lambda: episode(SPEND, [call("find_customer", name="Ben Haas"),
                                                 call("list_orders", customer_id="x", month="April 2024"), "I do not know."]),
@@ -129,3 +128,20 @@ def test_a_permitted_tool_the_task_does_not_need_is_a_wrong_tool_unless_chosen_a
                               "I could not find the manager."], hook=lambda c, execute: failing_hook(c, execute)
                        if c.name == "region_info" else execute())
     assert switched.success is False and classify_failure(switched).kind != "wrong_tool"
+
+
+def test_a_wrong_tool_that_leads_into_a_loop_or_out_of_steps_is_classified_by_the_choice():
+    """The first decisive cause: the unneeded tool chosen first, not the loop or the step budget it led to."""
+    task = next(t for t in TASKS if t.family == "single_lookup" and t.metadata["variant"] == "manager"
+                and "list_tables" in t.allowed_tools)
+    region = task.metadata["params"]["region"]
+    looped = episode(task, [call("list_tables"), call("region_info", region=region)]
+                     + [call("region_info", region=region)] * 2)
+    assert looped.termination == "stuck"
+    assert classify_failure(looped).kind == "wrong_tool"
+    ran_out = episode(task, [call("list_tables"), call("list_tables"), call("region_info", region=region)],
+                      HarnessConfig(max_steps=2))
+    assert ran_out.termination == "max_steps"
+    assert classify_failure(ran_out).kind == "wrong_tool"
+    # The same loop without the wrong choice first is `stuck`.
+    assert classify_failure(episode(task, [call("region_info", region=region)] * 3)).kind == "stuck"

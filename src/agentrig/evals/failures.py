@@ -5,12 +5,13 @@ and the checker's verdict (`CheckResult` fields), so they work for any environme
 
 - `call_on_no_tool`   a tool call on a request that needs none;
 - `no_honest_answer`  an impossible task answered without saying it cannot be done (or with invented numbers);
+- `wrong_tool`        a call to a tool that does not exist or is outside the task's allowlist, or to a permitted
+                      tool the task's solution does not use (`expected["needed_tools"]`), made while every call
+                      so far had worked (a choice, not a fallback after a failure); decided before `stuck` and
+                      `budget`, which are how such an episode often ends, not why;
 - `stuck`             the identical call resent until the harness stopped the episode (after an error,
                       or after a result that was fine);
 - `budget`            the step, token or wall-clock budget ran out;
-- `wrong_tool`        a call to a tool that does not exist or is outside the task's allowlist, or to a permitted
-                      tool the task's solution does not use (`expected["needed_tools"]`), made while every call
-                      so far had worked (a choice, not a fallback after a failure);
 - `schema_violation`  a call whose arguments broke the schema and was never fixed (field, expected, given);
 - `unparseable_call`  a call the protocol parser could not read, never written again correctly;
 - `no_call`           a final answer without any tool call on a task that needs tools;
@@ -36,7 +37,7 @@ from typing import Any, Iterable, Literal, get_args
 from agentrig.harness.trajectory import Episode, ToolCall, ToolResult
 
 FailureClass = Literal[
-    "call_on_no_tool", "no_honest_answer", "stuck", "budget", "wrong_tool", "schema_violation",
+    "call_on_no_tool", "no_honest_answer", "wrong_tool", "stuck", "budget", "schema_violation",
     "unparseable_call", "no_call", "gave_up", "wrong_value", "side_effect", "answer_figure", "other",
 ]
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
@@ -216,7 +217,7 @@ def _side_effect(ep: Episode) -> Failure | None:
     return Failure("side_effect", "; ".join(wrong) or "a side effect went wrong")
 
 
-_RULES = (_call_on_no_tool, _no_honest_answer, _stuck, _budget, _wrong_tool, _schema_violation, _unparseable,
+_RULES = (_call_on_no_tool, _no_honest_answer, _wrong_tool, _stuck, _budget, _schema_violation, _unparseable,
           _no_call, _gave_up, _wrong_value, _side_effect, _answer_figure)
 
 
