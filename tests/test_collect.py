@@ -223,3 +223,34 @@ def test_workers_from_stdin_run_in_this_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "running in this process" in proc.stderr
     assert len(out.read_text().splitlines()) == 4
+
+
+def test_family_weights_shift_the_family_draw_and_bad_weights_say_what_to_do(tmp_path, capsys):
+    from collections import Counter
+
+    from agentrig.cli import main
+
+    def families(name, *flags):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["collect", "--episodes", "60", "--out", str(out), "--faults", "0", "--detours", "0",
+                     "--no-progress", *flags]) == 0
+        return Counter(json.loads(x)["task"]["family"] for x in out.read_text().splitlines())
+
+    plain = families("plain")
+    weighted = families("weighted", "--family-weights", "ranking=6,arithmetic=0")
+    assert weighted["arithmetic"] == 0 < plain["arithmetic"]
+    assert weighted["ranking"] > 2 * max(plain["ranking"], 1)
+    meta = json.loads((tmp_path / "weighted.jsonl.meta.json").read_text())
+    assert meta["family_weights"] == {"ranking": 6.0, "arithmetic": 0.0}
+    for flags, message in ((["--family-weights", "rankings=2"], "no family 'rankings'"),
+                           (["--family-weights", "ranking:2"], "FAMILY=WEIGHT"),
+                           (["--family-weights", "ranking=-1"], "FAMILY=WEIGHT"),
+                           (["--family-weights", "ranking=2", "--balance"], "use one of them")):
+        capsys.readouterr()
+        try:
+            code = main(["collect", "--episodes", "2", "--out", str(tmp_path / "bad.jsonl"), "--no-progress", *flags])
+        except SystemExit as exc:  # argparse: a flag's text that does not parse
+            code = exc.code
+        assert code == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "bad.jsonl").exists() or not (tmp_path / "bad.jsonl").read_text()

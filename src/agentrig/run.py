@@ -66,6 +66,8 @@ class Profile:
     learning_rate: float = 1.0e-3  # LoRA's best rate is ~10x full fine-tuning's; 2e-4 barely moved the loss here
     lora_num_layers: int | None = None  # LoRA on the last N decoder layers (None: all); cheaper steps, docs/training.md
     neftune_alpha: float | None = None  # NEFTune noise on the input embeddings while training (None: off), docs/training.md
+    # relative draw weights of the primary environment's task families (collect --family-weights; others 1.0)
+    family_weights: tuple[tuple[str, float], ...] = ()
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
     repeat_notice: bool = False  # HarnessConfig.repeat_notice at collection and evaluation
     repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
@@ -260,6 +262,8 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing,
                          repeat_notice=prof.repeat_notice,
                          repeat_detours=prof.repeat_detours if repeats else 0.0,
+                         # the families named are the primary environment's, so only its expert collection uses them
+                         family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)
     summary = run_collect(ccfg, resume=out.exists(), progress=True)
     return {"episodes_file": str(out), "episodes": summary.episodes, "successes": summary.successes,

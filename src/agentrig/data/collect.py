@@ -55,6 +55,22 @@ def _fault_rates(text: str) -> dict[str, float]:
     return FaultConfig.parse(text).rates if text else {}
 
 
+def parse_family_weights(text: str) -> dict[str, float]:
+    """`ranking=2,single_lookup=1.5` -> {"ranking": 2.0, "single_lookup": 1.5}."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, sep, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or not name.strip() or not weight >= 0:
+            raise argparse.ArgumentTypeError(f"{part!r} is not FAMILY=WEIGHT with a weight >= 0 "
+                                             "(e.g. ranking=2,single_lookup=1.5)")
+        out[name.strip()] = weight
+    return out
+
+
 @dataclass
 class CollectConfig:
     """Settings of one collection (saved beside the output as OUT.meta.json); each field is a flag."""
@@ -87,6 +103,9 @@ class CollectConfig:
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
+    family_weights: dict[str, float] = opt(help="relative draw weight of task families (others 1.0), e.g. ranking=2,"
+                                           "arithmetic=0.5 (needs the environment's families; not with --balance)",
+                                           factory=dict, parse=parse_family_weights, metavar="FAMILY=WEIGHT,...")
     max_steps: int = opt(12, "harness step limit per episode")
     tool_listing: str = opt("compact", "how the system prompt lists tools (keep it the same for training and "
                             "evaluation)", choices=TOOL_LISTINGS)
@@ -107,7 +126,7 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
-        for k in ("repeat_detours", "repeat_notice"):  # newer settings: at their defaults, an older file's identity
+        for k in ("repeat_detours", "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
             if not d[k]:
                 d.pop(k)
         return d
@@ -161,13 +180,25 @@ def _setup_worker(cfg: CollectConfig) -> None:
 
 
 def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
-    if not cfg.balance:
+    if not cfg.balance and not cfg.family_weights:
         return None
+    flag = "--balance" if cfg.balance else "--family-weights"
+    if cfg.balance and cfg.family_weights:
+        raise ConfigError("--balance and --family-weights both set the families' weights: use one of them")
     family_tools = env.families(cfg.split, seed=cfg.seed)
     if not family_tools:
-        raise ConfigError(f"--balance needs the task families of environment {env.name!r} and the tools each needs: "
+        raise ConfigError(f"{flag} needs the task families of environment {env.name!r} and the tools each needs: "
                           "give it `families(split, seed)`, see docs/environments.md")
-    return flatten_weights(family_tools)
+    if cfg.balance:
+        return flatten_weights(family_tools)
+    unknown = sorted(set(cfg.family_weights) - set(family_tools))
+    if unknown:
+        raise ConfigError(f"--family-weights: no family {', '.join(map(repr, unknown))} in environment {env.name!r}; "
+                          f"its families: {', '.join(family_tools)}")
+    weights = {f: cfg.family_weights.get(f, 1.0) for f in family_tools}
+    if not any(weights.values()):
+        raise ConfigError("--family-weights: every family has weight 0, so there is nothing to draw")
+    return weights
 
 
 def has_repeat_detours(env: Any) -> bool:
