@@ -382,6 +382,10 @@ def run_collect(cfg: CollectConfig, resume: bool = False, progress: bool = True,
     check_output_file(out, "episodes", "--out")  # never truncate a folder, a samples file or a dataset
     if cfg.teacher == "model" and cfg.adapter:
         read_adapter_config(cfg.adapter)  # before the output file is started
+    if cfg.balance or cfg.family_weights:  # a family name the environment lacks fails before the output file is started
+        from agentrig.envs import load_env
+
+        _family_weights(load_env(cfg.env, cfg.tasks), cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     if resume and out.exists():
         _check_meta(cfg, out)
