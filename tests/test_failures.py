@@ -145,3 +145,30 @@ def test_a_wrong_tool_that_leads_into_a_loop_or_out_of_steps_is_classified_by_th
     assert classify_failure(ran_out).kind == "wrong_tool"
     # The same loop without the wrong choice first is `stuck`.
     assert classify_failure(episode(task, [call("region_info", region=region)] * 3)).kind == "stuck"
+
+
+def test_a_calculation_with_a_figure_no_result_gave_is_a_wrong_value():
+    # The model fetches both months, then computes with a figure of its own: the calculation, not the answer,
+    # is the first decisive cause. The same calculation with the fetched figures (written to two decimals)
+    # is grounded, and a bare month such as "2024-06" is still matched as a string, not as arithmetic.
+    task = task_of("arithmetic", "pct_change")
+    region, (first, second) = task.metadata["params"]["region"], task.metadata["params"]["months"]
+    fetch = call("sales_total", region=region, month=first)
+    fetch_second = call("sales_total", region=region, month=second)
+    probe = episode(task, [fetch, fetch_second, "Fetched."])
+    totals = [json.loads(r.content)["total"] for step in probe.steps for r in step.results]
+    a, b = (f"{t:.2f}" for t in totals)
+
+    invented = episode(task, [fetch, fetch_second, call("calculator", expression=f"({b} - 50369.99) / 50369.99 * 100"),
+                              "It changed by 12%."])
+    failure = classify_failure(invented)
+    assert failure.kind == "wrong_value", failure
+    assert "the figure 50369.99 in expression appears neither" in failure.detail
+
+    right = episode(task, [fetch, fetch_second, call("calculator", expression=f"({b} - {a}) / {a} * 100"),
+                           "It changed by 12%."])
+    assert classify_failure(right).kind == "answer_figure"
+
+    other_month = episode(task, [fetch, call("sales_total", region=region, month="2023-06"), "It changed by 12%."])
+    failure = classify_failure(other_month)
+    assert failure.kind == "wrong_value" and "month='2023-06'" in failure.detail

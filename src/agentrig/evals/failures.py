@@ -17,7 +17,8 @@ and the checker's verdict (`CheckResult` fields), so they work for any environme
 - `no_call`           a final answer without any tool call on a task that needs tools;
 - `gave_up`           a final answer right after a tool failed while an allowed tool was still untried;
 - `wrong_value`       a valid call whose argument is not grounded in the request or earlier results
-                      (an invented id, another month), or that the tool itself rejected or found nothing for;
+                      (an invented id, another month, a figure in a calculation that no result gave), or that
+                      the tool itself rejected or found nothing for;
 - `side_effect`       a side effect went wrong (a report not sent, sent twice, to the wrong address, or unasked);
 - `answer_figure`     the calls were fine but the final answer misses an expected figure or term;
 - `other`             none of the above (the checker's reasons say what).
@@ -47,6 +48,9 @@ _MONTHS = ["january", "february", "march", "april", "may", "june", "july", "augu
 _MONTH_YEAR = re.compile(r"\b(" + "|".join(m[:3] for m in _MONTHS) + r")[a-z]*\.?,?\s+(\d{4})\b", re.IGNORECASE)
 _MAX_GROUNDED_WORDS = 4  # longer strings (SQL, report bodies, free text) are composed, not copied
 _COMPOSED = re.compile(r"[+*/()=<>%^]")
+_ARITHMETIC = re.compile(r"[\d\s.,+\-*/()%^]+")  # figures and operators only: a calculator expression
+_OPERATION = re.compile(r"[+*/()^%]|\s-\s|\d\.\d")  # not a bare date or id such as 2024-08
+_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?|\.\d+")
 
 
 @dataclass(frozen=True)
@@ -262,19 +266,43 @@ def _haystack(text: str) -> str:
 
 
 def _ungrounded(call: ToolCall, context: str) -> str | None:
-    """The first short string argument (an id, a name, a date) found nowhere in the context, as `key=value`.
+    """The first argument value found nowhere in the context, as `key=value` (or the figure), or None.
 
-    Numbers are not checked: they are often computed or defaulted. Month names are matched in their
-    YYYY-MM form too, so a correct conversion of "August 2024" counts as grounded.
+    Short strings (an id, a name, a date) must appear in the context; month names are matched in their
+    YYYY-MM form too, so a correct conversion of "August 2024" counts as grounded. Longer strings and
+    queries are composed, not copied, and are not checked, except an arithmetic expression: each of its
+    figures (a number with decimals or of 1,000 or more) must be one the request or a result gave, to the
+    precision the expression writes it. Number arguments are not checked: they are often computed or defaulted.
     """
     hay = _haystack(context)
     for key, value in call.arguments.items():
-        if not isinstance(value, str) or not value.strip() or len(value.split()) > _MAX_GROUNDED_WORDS:
+        if not isinstance(value, str) or not value.strip():
             continue
-        if _COMPOSED.search(value):  # expressions, queries: composed from the context, not copied
+        if _ARITHMETIC.fullmatch(value) and _OPERATION.search(value):
+            figure = _ungrounded_figure(value, context)
+            if figure:
+                return f"the figure {figure} in {key}"
             continue
+        if len(value.split()) > _MAX_GROUNDED_WORDS or _COMPOSED.search(value):
+            continue  # free text, queries: composed from the context, not copied
         if value.strip().lower() not in hay:
             return f"{key}={value!r}"
+    return None
+
+
+def _ungrounded_figure(expression: str, context: str) -> str | None:
+    """The first figure of an arithmetic expression that no number of the context rounds or truncates to."""
+    known = [float(n.replace(",", "")) for n in _NUMBER.findall(context)]
+    for text in _NUMBER.findall(expression):
+        number = text.replace(",", "")
+        decimals = len(number.split(".")[1]) if "." in number else 0
+        value = float(number)
+        if decimals == 0 and abs(value) < 1000:
+            continue  # small constants: 100 for a percentage, 2 for a mean, 12 months
+        step = 10.0 ** -decimals
+        if not any(abs(k - value) < step * 0.5 + 1e-9 or (k >= 0 and 0 <= k - value < step)
+                   for k in known):
+            return text
     return None
 
 
