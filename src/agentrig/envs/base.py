@@ -218,6 +218,28 @@ def numbers_in(text: str) -> list[float]:
     return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text or "")]
 
 
+def ungrounded_figures(text: str, context: str, small: float = 1000.0) -> list[str]:
+    """The figures written in `text` that no number of `context` states, as written.
+
+    A figure is a number with decimals, or an integer of at least `small` (smaller integers, such as counts
+    or the 100 of a percentage, are not checked). It is grounded when a number of the context rounds or
+    truncates to it at the precision it is written with (`40410.30` and `40410.3`; `-10.08` and `-10.087673`);
+    signs are ignored, since "fell by 3%" writes -3 without its sign.
+    """
+    known = [abs(v) for v in numbers_in(context)]
+    out = []
+    for match in _NUMBER.finditer(text or ""):
+        written = match.group(0).replace(",", "").lstrip("-")
+        decimals = len(written.split(".")[1]) if "." in written else 0
+        value = float(written)
+        if decimals == 0 and value < small:
+            continue
+        step = 10.0 ** -decimals
+        if not any(abs(k - value) < step / 2 + 1e-9 or 0 <= k - value < step for k in known):
+            out.append(match.group(0))
+    return out
+
+
 FIGURE_KINDS = ("exact", "count", "money", "approx")
 
 

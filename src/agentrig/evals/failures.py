@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, get_args
 
+from agentrig.envs.base import ungrounded_figures
 from agentrig.harness.trajectory import Episode, ToolCall, ToolResult
 
 FailureClass = Literal[
@@ -50,7 +51,6 @@ _MAX_GROUNDED_WORDS = 4  # longer strings (SQL, report bodies, free text) are co
 _COMPOSED = re.compile(r"[+*/()=<>%^]")
 _ARITHMETIC = re.compile(r"[\d\s.,+\-*/()%^]+")  # figures and operators only: a calculator expression
 _OPERATION = re.compile(r"[+*/()^%]|\s-\s|\d\.\d")  # not a bare date or id such as 2024-08
-_NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?|\.\d+")
 
 
 @dataclass(frozen=True)
@@ -292,18 +292,7 @@ def _ungrounded(call: ToolCall, context: str) -> str | None:
 
 def _ungrounded_figure(expression: str, context: str) -> str | None:
     """The first figure of an arithmetic expression that no number of the context rounds or truncates to."""
-    known = [float(n.replace(",", "")) for n in _NUMBER.findall(context)]
-    for text in _NUMBER.findall(expression):
-        number = text.replace(",", "")
-        decimals = len(number.split(".")[1]) if "." in number else 0
-        value = float(number)
-        if decimals == 0 and abs(value) < 1000:
-            continue  # small constants: 100 for a percentage, 2 for a mean, 12 months
-        step = 10.0 ** -decimals
-        if not any(abs(k - value) < step * 0.5 + 1e-9 or (k >= 0 and 0 <= k - value < step)
-                   for k in known):
-            return text
-    return None
+    return next(iter(ungrounded_figures(expression, context)), None)
 
 
 def _show(call: ToolCall) -> str:
