@@ -62,6 +62,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("harness.tools", "mcp"): "ToolSet.from_mcp: a tool set from an MCP server's tools",
     ("envs", "mcp.env"): "load_env('mcp:...'): an environment from an MCP server and a tasks file",
     ("data.datacli", "mcp.client"): "data build --mcp-server: the server's tools now, to refuse changed ones",
+    ("ttt.loop", "evals.pertask"): "ttt --per-task: its answers are checked by the evaluator as they are given",
+    ("evals.pertask", "ttt.pertask"): "the per-task loop, run on a blind environment, hands the evaluator its answers",
 }
 
 

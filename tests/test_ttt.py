@@ -310,3 +310,92 @@ def test_probes_of_one_tool_in_a_round_are_all_different_calls() -> None:
         assert len(months) > 1, months
     finally:
         env.close(state)
+
+
+# -- the per-task mode ------------------------------------------------------------------------
+
+
+def _scripted(task, replies):
+    from agentrig.harness import ScriptedPolicy
+
+    env = load_env("datadesk")
+    tools, state = env.setup(task)
+    try:
+        return run_episode(task, tools, ScriptedPolicy(replies), HarnessConfig())
+    finally:
+        env.close(state)
+
+
+def _call(name, **args):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def test_the_per_task_selector_prefers_a_finished_valid_grounded_answer_others_agree_with() -> None:
+    from agentrig.ttt.pertask import disagree, score_rollouts, select
+
+    env = load_env("datadesk")
+    task = next(t for t in env.tasks("dev", 100) if t.family == "single_lookup" and t.metadata["variant"] == "manager")
+    region = task.metadata["params"]["region"]
+    email = f"{region.lower()}.manager@datadesk.example"
+    lookup = _call("region_info", region=region)
+    grounded = _scripted(task, [lookup, f"The manager is {email}."])
+    invented = _scripted(task, [lookup, f"The manager is {email}; the region sold 98765.43 last year."])
+    invalid = _scripted(task, [_call("region_info", area=region), lookup, f"The manager is {email}."])
+    unfinished = _scripted(task, [lookup] * 3)
+
+    rollouts = [unfinished, invented, invalid, grounded]
+    scores = score_rollouts(rollouts)
+    assert [s.finished for s in scores] == [False, True, True, True]
+    assert scores[1].ungrounded == 1 and scores[3].ungrounded == 0
+    assert scores[2].invalid == 1 and scores[3].invalid == 0
+    assert scores[2].agreement == 1 and scores[3].agreement == 1  # the same answer twice; the invented one differs
+    assert select(scores) == 3
+    assert disagree(rollouts) and not disagree([grounded, invalid])
+    # an error left unanswered counts against a rollout
+    from agentrig.harness.trajectory import ToolResult
+
+    def failing(call_, execute):
+        return ToolResult(call_.id, call_.name, "Error: 503 Service Unavailable", ok=False, fault="error_503",
+                          error="error_503")
+
+    tools, state = env.setup(task)
+    try:
+        from agentrig.harness import ScriptedPolicy
+
+        gave_up = run_episode(task, tools, ScriptedPolicy([lookup, "I could not look it up."]), HarnessConfig(),
+                              tool_hook=failing)
+    finally:
+        env.close(state)
+    assert score_rollouts([gave_up, grounded])[0].unanswered == 1
+
+
+def test_the_per_task_mode_answers_every_task_twice_and_keeps_the_adapter(tmp_path: Path, tiny_model_and_adapter,
+                                                                           capsys) -> None:
+    from agentrig.cli import main
+    from agentrig.harness.trajectory import iter_episodes
+
+    model, adapter = tiny_model_and_adapter
+    original = adapter / "adapter_model.safetensors"
+    digest = hashlib.sha256(original.read_bytes()).hexdigest()
+    out = tmp_path / "pertask"
+    args = ["ttt", "--per-task", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV,
+            "--split", "test", "--out", str(out), "--k", "2", "--limit", "2", "--task-steps", "1",
+            "--max-new-tokens", "8", "--max-steps", "2"]
+    assert main(args) == 0
+    env = load_env(MY_ENV)
+    ids = sorted(f"{t.id}#0" for t in env.tasks("test", 2, seed=0))
+    for mode in ("best_of_k", "per_task"):
+        episodes = list(iter_episodes(out / f"episodes_{mode}.jsonl"))
+        assert sorted(ep.episode_id for ep in episodes) == ids
+        assert all(ep.success is not None and ep.check for ep in episodes)  # checked by the evaluator
+    summary = json.loads((out / "pertask.json").read_text())
+    assert len(summary["tasks"]) == 2 and set(summary["completed"]) == {"best_of_k", "per_task"}
+    # a tiny random model's sampled rollouts disagree, so each task got its training steps
+    assert summary["trained"] == 2 and all(t["steps"] == 1 for t in summary["tasks"])
+    assert len(list(iter_episodes(out / "rollouts.jsonl"))) == 4
+    assert json.loads((out / "metrics.json").read_text())["results"].keys() == {"best_of_k", "per_task"}
+    assert hashlib.sha256(original.read_bytes()).hexdigest() == digest
+    assert main(args) == 2 and "already holds a finished per-task run" in capsys.readouterr().err
+    bad = ["ttt", "--per-task", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
+           "--out", str(tmp_path / "x"), "--k", "1"]
+    assert main(bad) == 2 and "--k of at least 2" in capsys.readouterr().err

@@ -70,6 +70,16 @@ class TTTConfig:
     control: str = opt("none", "`none`: the TTT loop; `extra_sft`: the compute-matched control, the same "
                        "steps on the replay data only", choices=CONTROLS)
     seed: int = opt(0, "seed of the exploration, the practice tasks and the training")
+    per_task: bool = opt(False, "per-task mode: for each task of --split, --k sampled rollouts scored without the "
+                         "checker, --task-steps LoRA steps on the best one when they disagree, the answer, the "
+                         "adapter reset; writes best_of_k and per_task evaluations into --out (docs/ttt.md)")
+    k: int = opt(4, "per-task mode: sampled rollouts per task")
+    temperature: float = opt(0.7, "per-task mode: sampling temperature of the rollouts (answers are greedy)")
+    task_steps: int = opt(4, "per-task mode: LoRA steps on a task whose rollouts disagree")
+    task_learning_rate: float = opt(3e-4, "per-task mode: learning rate of those steps (constant)")
+    limit: int = opt(40, "per-task mode: tasks of --split (the first N, at most the split's pool)")
+    task_seed: int = opt(0, "per-task mode: the evaluation's task and fault seed (`agentrig eval --seed`), so "
+                         "episode ids and faults pair with an `agentrig eval` of the same tasks")
     harness: HarnessConfig = opt(help="the harness rules", factory=HarnessConfig, cli=False)
     name: str = field(default="", metadata={"cli": False})  # the adapter's name: its folder's
 
@@ -87,6 +97,9 @@ class TTTConfig:
             raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
         if self.steps < 1 or self.practice_tasks < 1:
             raise ConfigError("--steps and --practice-tasks must be at least 1")
+        if self.per_task and (self.k < 2 or self.task_steps < 1 or self.limit < 1 or self.temperature <= 0):
+            raise ConfigError("--per-task needs --k of at least 2, --temperature above 0 (the rollouts are "
+                              "sampled), --task-steps and --limit of at least 1")
         if self.control not in CONTROLS:
             raise ConfigError(f"--control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
         self.name = self.name or Path(self.adapter).resolve().name
@@ -335,6 +348,12 @@ def main(args: argparse.Namespace) -> int:
     """Run `agentrig ttt`."""
     harness = from_args(HarnessConfig, args)
     cfg = from_args(TTTConfig, args, harness=harness)
+    if cfg.per_task:
+        # The answers are checked by the evaluator as they are given; the loop (ttt.pertask) gets a blind
+        # environment and a callback that returns nothing.
+        from agentrig.evals.pertask import evaluate_per_task
+
+        return evaluate_per_task(cfg)
     summary = run_ttt(cfg)
     print(json.dumps({k: summary[k] for k in ("name", "adapter_ttt", "steps", "timing")}, indent=1))
     return 0
