@@ -399,3 +399,13 @@ def test_the_per_task_mode_answers_every_task_twice_and_keeps_the_adapter(tmp_pa
     bad = ["ttt", "--per-task", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
            "--out", str(tmp_path / "x"), "--k", "1"]
     assert main(bad) == 2 and "--k of at least 2" in capsys.readouterr().err
+    # --task-steps 0: best-of-k alone, no training, several tasks' rollouts in one batch
+    only = tmp_path / "best_of_k"
+    assert main(args[:args.index("--out") + 1] + [str(only), "--k", "2", "--limit", "3", "--task-steps", "0",
+                                                   "--max-new-tokens", "8", "--max-steps", "2"]) == 0
+    assert not (only / "episodes_per_task.jsonl").exists()
+    assert sorted(ep.episode_id for ep in iter_episodes(only / "episodes_best_of_k.jsonl")) == sorted(
+        f"{t.id}#0" for t in env.tasks("test", 3, seed=0))
+    summary = json.loads((only / "pertask.json").read_text())
+    assert summary["trained"] == 0 and set(summary["completed"]) == {"best_of_k"}
+    assert len(list(iter_episodes(only / "rollouts.jsonl"))) == 6

@@ -5,7 +5,7 @@ The loop (`agentrig.ttt.pertask`) sees the environment through a `BlindEnv` and 
 its modes: `best_of_k` (the best of k sampled rollouts by the checker-free score, no training) and
 `per_task` (a few LoRA steps on that rollout when the rollouts disagree, then a greedy answer). Both are
 written as an `agentrig eval` folder (`episodes_best_of_k.jsonl`, `episodes_per_task.jsonl`, `metrics.json`,
-`report.md`), with episode ids `TASK_ID#0`, so `agentrig compare OUT:best_of_k OUT:per_task` pairs them and
+`report.md`; with `--task-steps 0`, best_of_k alone), with episode ids `TASK_ID#0`, so `agentrig compare OUT:best_of_k OUT:per_task` pairs them and
 either pairs with an `agentrig eval --seed S` of the same tasks (`--task-seed S`).
 """
 
@@ -67,6 +67,7 @@ def evaluate_per_task(cfg: Any, log: Any = print) -> int:
     wall = time.monotonic() - started
     config = EvalConfig(env=cfg.env, tasks=cfg.tasks, splits=[cfg.split], limit=n, faults=cfg.rollout_faults,
                         seed=cfg.task_seed, harness=cfg.harness)
+    checked = {mode: episodes for mode, episodes in checked.items() if episodes}  # --task-steps 0: best_of_k only
     results = {}
     for mode, episodes in checked.items():
         episodes.sort(key=lambda ep: ep.episode_id)
@@ -80,8 +81,8 @@ def evaluate_per_task(cfg: Any, log: Any = print) -> int:
     summary["tasks_total"] = n
     (out / "pertask.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     metric_sets = {mode: r.metrics for mode, r in results.items()}
-    write_report(out, metric_sets, transcripts=pick_transcripts(checked[PER_TASK], 3),
-                 failures=failure_examples(checked[PER_TASK]),
+    last = checked.get(PER_TASK, checked[BEST_OF_K])
+    write_report(out, metric_sets, transcripts=pick_transcripts(last, 3), failures=failure_examples(last),
                  title=f"agentrig ttt --per-task: {cfg.name} on {cfg.env}/{cfg.split}",
                  notes=[f"{n} tasks, k={cfg.k} rollouts at temperature {cfg.temperature}, {cfg.task_steps} LoRA "
                         f"steps where they disagree ({summary['trained']} tasks, {summary['train_s']} s of "
@@ -89,7 +90,7 @@ def evaluate_per_task(cfg: Any, log: Any = print) -> int:
     from rich.console import Console
 
     Console().print(rich_table(metric_sets, title=f"per-task TTT: {cfg.name} on {cfg.env}/{cfg.split}"))
-    log(f"best_of_k {summary['completed'][BEST_OF_K]}/{n}, per_task {summary['completed'][PER_TASK]}/{n}; "
-        f"trained on {summary['trained']} tasks; wrote {out / 'metrics.json'} (agentrig compare "
-        f"{out}:best_of_k {out}:per_task)")
+    log(", ".join(f"{mode} {hits}/{n}" for mode, hits in summary["completed"].items())
+        + f"; trained on {summary['trained']} tasks; wrote {out / 'metrics.json'}"
+        + (f" (agentrig compare {out}:best_of_k {out}:per_task)" if PER_TASK in checked else ""))
     return 0

@@ -75,7 +75,8 @@ class TTTConfig:
                          "adapter reset; writes best_of_k and per_task evaluations into --out (docs/ttt.md)")
     k: int = opt(4, "per-task mode: sampled rollouts per task")
     temperature: float = opt(0.7, "per-task mode: sampling temperature of the rollouts (answers are greedy)")
-    task_steps: int = opt(4, "per-task mode: LoRA steps on a task whose rollouts disagree")
+    task_steps: int = opt(4, "per-task mode: LoRA steps on a task whose rollouts disagree (0: best-of-k only, "
+                          "several tasks' rollouts batched together)")
     task_learning_rate: float = opt(3e-4, "per-task mode: learning rate of those steps (constant)")
     limit: int = opt(40, "per-task mode: tasks of --split (the first N, at most the split's pool)")
     task_seed: int = opt(0, "per-task mode: the evaluation's task and fault seed (`agentrig eval --seed`), so "
@@ -97,9 +98,9 @@ class TTTConfig:
             raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
         if self.steps < 1 or self.practice_tasks < 1:
             raise ConfigError("--steps and --practice-tasks must be at least 1")
-        if self.per_task and (self.k < 2 or self.task_steps < 1 or self.limit < 1 or self.temperature <= 0):
+        if self.per_task and (self.k < 2 or self.task_steps < 0 or self.limit < 1 or self.temperature <= 0):
             raise ConfigError("--per-task needs --k of at least 2, --temperature above 0 (the rollouts are "
-                              "sampled), --task-steps and --limit of at least 1")
+                              "sampled), --limit of at least 1 and --task-steps of at least 0 (0: best-of-k only)")
         if self.control not in CONTROLS:
             raise ConfigError(f"--control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
         self.name = self.name or Path(self.adapter).resolve().name

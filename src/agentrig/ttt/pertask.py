@@ -13,7 +13,8 @@ For each task, with its request visible and its answer sealed (a `BlindEnv` task
 4. **per-task training when the rollouts disagree**: `--task-steps` LoRA steps continuing the adapter on the
    best-scored rollout (its supervised turns), then one greedy episode with that adapter on a fresh state is
    the answer, and the adapter is dropped (the next task starts from the original). When every finished
-   rollout states the same figures, the per-task answer is the best-of-k one.
+   rollout states the same figures, the per-task answer is the best-of-k one. With `--task-steps 0` there
+   is no training and only best-of-k is answered; the rollouts of several tasks then share one batch.
 
 The loop never scores an answer: each one goes to `deliver(modes, opened, episode)`, a callback of the
 evaluator (`agentrig.evals.pertask`) that checks it against its state, records it and releases the state.
@@ -33,6 +34,7 @@ from agentrig.envs.base import numbers_in, ungrounded_figures
 from agentrig.harness.trajectory import Episode
 
 BEST_OF_K, PER_TASK = "best_of_k", "per_task"
+ROLLOUT_ROWS = 16  # rows generated together when several tasks' rollouts share a batch (--task-steps 0)
 Deliver = Callable[[tuple[str, ...], Any, Episode], None]
 
 
@@ -119,7 +121,6 @@ def answer_tasks(env: Any, split: str, n_tasks: int, *, model: str, adapter: str
     """
     from agentrig.envs.runner import TaskRunner
     from agentrig.harness import run_episodes
-    from agentrig.harness.trajectory import write_episodes
     from agentrig.policies.loader import PolicySpec, load_policy
     from agentrig.ttt.blind import BlindEnv
 
@@ -127,58 +128,84 @@ def answer_tasks(env: Any, split: str, n_tasks: int, *, model: str, adapter: str
     tasks = blind.tasks(split, n_tasks, seed=settings.task_seed)
     out.mkdir(parents=True, exist_ok=True)
     policy = load_policy(PolicySpec(model, adapters={name: adapter}, max_new_tokens=settings.max_new_tokens,
-                                    seed=settings.seed, batch_size=max(settings.k, 1)))
+                                    seed=settings.seed,
+                                    batch_size=settings.k if settings.task_steps > 0 else ROLLOUT_ROWS))
     policy.use(name)
     faults = TaskRunner.env_faults(blind, settings.faults) if settings.faults > 0 else None
     runner = TaskRunner(blind, harness, faults, seed=settings.seed)
     summary: dict[str, Any] = {"tasks": [], "trained": 0, "train_s": 0.0, "tokens": 0}
     started = time.monotonic()
-    for n, task in enumerate(tasks):
-        opened = [runner.open(task, f"{task.id}#0", f"pertask/{settings.seed}/{task.id}/{j}") for j in range(settings.k)]
+    # Rollouts come from the original adapter for every task (each task's training is dropped after it), so
+    # without training several tasks' rollouts can share one batch; with it, one task at a time.
+    per_chunk = 1 if settings.task_steps > 0 else max(1, ROLLOUT_ROWS // settings.k)
+    for first in range(0, len(tasks), per_chunk):
+        chunk = tasks[first:first + per_chunk]
+        opened = [runner.open(task, f"{task.id}#0", f"pertask/{settings.seed}/{task.id}/{j}")
+                  for task in chunk for j in range(settings.k)]
         policy.temperature = settings.temperature
-        rollouts = run_episodes([(o.task, o.tools, o.hook) for o in opened], policy, harness,
-                                batch_size=settings.k, episode_ids=[f"{task.id}#k{j}" for j in range(settings.k)],
-                                seed=settings.seed)
-        for ep in rollouts:
-            ep.episode_id = f"{task.id}#0"  # every answer of this task pairs with trial 0 of `agentrig eval`
-        scores = score_rollouts(rollouts)
-        best = select(scores)
-        open_question = disagree(rollouts)
-        write_episodes(out / "rollouts.jsonl", [_unsealed(ep) for ep in rollouts], append=n > 0)
-        record: dict[str, Any] = {"task": task.id, "best": best, "disagree": open_question,
-                                  "scores": [s.key() for s in scores]}
-        for j, o in enumerate(opened):
-            if j != best:
-                blind.close(o.state)
-        if not open_question:
-            deliver((BEST_OF_K, PER_TASK), opened[best], rollouts[best])
-        else:
-            deliver((BEST_OF_K,), opened[best], rollouts[best])
-            t0 = time.monotonic()
-            trained = _train_on(rollouts[best], model=model, adapter=adapter, settings=settings,
-                                folder=out / "task_train")
-            record.update(steps=trained.global_step, tokens=trained.tokens)
-            summary["trained"] += 1
-            summary["tokens"] += trained.tokens
-            task_adapter = f"{name}-task{n}"
-            policy.load_adapter(task_adapter, str(trained.adapter_dir))
-            policy.use(task_adapter)
-            policy.temperature = 0.0
-            answer = runner.open(task, f"{task.id}#0", f"{settings.task_seed}/{task.id}/0")
-            episode = run_episodes([(answer.task, answer.tools, answer.hook)], policy, harness, batch_size=1,
-                                   episode_ids=[f"{task.id}#0"], seed=settings.seed)[0]
-            deliver((PER_TASK,), answer, episode)
-            policy.use(name)
-            policy.unload_adapter(task_adapter)  # reset: the next task starts from the original adapter
-            shutil.rmtree(out / "task_train", ignore_errors=True)
-            record["train_s"] = round(time.monotonic() - t0, 1)
-            summary["train_s"] += record["train_s"]
-        summary["tasks"].append(record)
-        log(f"per-task {n + 1}/{len(tasks)} {task.id}: rollouts {'disagree' if open_question else 'agree'}"
-            + (f", trained {record['steps']} steps" if open_question else ""))
+        episodes = run_episodes([(o.task, o.tools, o.hook) for o in opened], policy, harness,
+                                batch_size=len(opened), seed=settings.seed,
+                                episode_ids=[f"{task.id}#k{j}" for task in chunk for j in range(settings.k)])
+        for c, task in enumerate(chunk):
+            n = first + c
+            rollouts = episodes[c * settings.k:(c + 1) * settings.k]
+            mine = opened[c * settings.k:(c + 1) * settings.k]
+            for ep in rollouts:
+                ep.episode_id = f"{task.id}#0"  # every answer of this task pairs with trial 0 of `agentrig eval`
+            summary["tasks"].append(_answer(task, n, rollouts, mine, blind, runner, policy, harness, deliver,
+                                            model=model, adapter=adapter, name=name, settings=settings, out=out,
+                                            summary=summary))
+            record = summary["tasks"][-1]
+            log(f"per-task {n + 1}/{len(tasks)} {task.id}: rollouts {'disagree' if record['disagree'] else 'agree'}"
+                + (f", trained {record['steps']} steps" if "steps" in record else ""))
     summary["wall_s"] = round(time.monotonic() - started, 1)
     summary["train_s"] = round(summary["train_s"], 1)
     return summary
+
+
+def _answer(task: Any, n: int, rollouts: list[Episode], opened: list[Any], blind: Any, runner: Any, policy: Any,
+            harness: Any, deliver: Deliver, *, model: str, adapter: str, name: str, settings: PerTaskSettings,
+            out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """Select among one task's rollouts, deliver the best-of-k answer and, where they disagree and training
+    is on, train, deliver the per-task answer and reset. Returns the task's record."""
+    from agentrig.harness import run_episodes
+    from agentrig.harness.trajectory import write_episodes
+
+    scores = score_rollouts(rollouts)
+    best = select(scores)
+    open_question = disagree(rollouts)
+    write_episodes(out / "rollouts.jsonl", [_unsealed(ep) for ep in rollouts], append=n > 0)
+    record: dict[str, Any] = {"task": task.id, "best": best, "disagree": open_question,
+                              "scores": [s.key() for s in scores]}
+    for j, o in enumerate(opened):
+        if j != best:
+            blind.close(o.state)
+    if settings.task_steps == 0:
+        deliver((BEST_OF_K,), opened[best], rollouts[best])
+        return record
+    if not open_question:
+        deliver((BEST_OF_K, PER_TASK), opened[best], rollouts[best])
+        return record
+    deliver((BEST_OF_K,), opened[best], rollouts[best])
+    t0 = time.monotonic()
+    trained = _train_on(rollouts[best], model=model, adapter=adapter, settings=settings, folder=out / "task_train")
+    record.update(steps=trained.global_step, tokens=trained.tokens)
+    summary["trained"] += 1
+    summary["tokens"] += trained.tokens
+    task_adapter = f"{name}-task{n}"
+    policy.load_adapter(task_adapter, str(trained.adapter_dir))
+    policy.use(task_adapter)
+    policy.temperature = 0.0
+    answer = runner.open(task, f"{task.id}#0", f"{settings.task_seed}/{task.id}/0")
+    episode = run_episodes([(answer.task, answer.tools, answer.hook)], policy, harness, batch_size=1,
+                           episode_ids=[f"{task.id}#0"], seed=settings.seed)[0]
+    deliver((PER_TASK,), answer, episode)
+    policy.use(name)
+    policy.unload_adapter(task_adapter)  # reset: the next task starts from the original adapter
+    shutil.rmtree(out / "task_train", ignore_errors=True)
+    record["train_s"] = round(time.monotonic() - t0, 1)
+    summary["train_s"] += record["train_s"]
+    return record
 
 
 def _unsealed(ep: Episode) -> Episode:
