@@ -279,20 +279,15 @@ def _ungrounded(call: ToolCall, context: str) -> str | None:
         if not isinstance(value, str) or not value.strip():
             continue
         if _ARITHMETIC.fullmatch(value) and _OPERATION.search(value):
-            figure = _ungrounded_figure(value, context)
-            if figure:
-                return f"the figure {figure} in {key}"
+            figures = ungrounded_figures(value, context)
+            if figures:
+                return f"the figure {figures[0]} in {key}"
             continue
         if len(value.split()) > _MAX_GROUNDED_WORDS or _COMPOSED.search(value):
             continue  # free text, queries: composed from the context, not copied
         if value.strip().lower() not in hay:
             return f"{key}={value!r}"
     return None
-
-
-def _ungrounded_figure(expression: str, context: str) -> str | None:
-    """The first figure of an arithmetic expression that no number of the context rounds or truncates to."""
-    return next(iter(ungrounded_figures(expression, context)), None)
 
 
 def _show(call: ToolCall) -> str:

@@ -23,6 +23,7 @@ from agentrig.errors import ConfigError
 def evaluate_per_task(cfg: Any, log: Any = print) -> int:
     """Run the per-task mode of `cfg` (a `TTTConfig` with `per_task`) and write its evaluation into `cfg.out`."""
     from agentrig.envs import load_env
+    from agentrig.envs.runner import TaskRunner
     from agentrig.evals.evaluate import EvalConfig, EvalResult, write_metrics
     from agentrig.evals.metrics import compute_metrics
     from agentrig.evals.report import failure_examples, pick_transcripts, rich_table, write_report
@@ -44,18 +45,14 @@ def evaluate_per_task(cfg: Any, log: Any = print) -> int:
     real = {t.id: t for t in env.tasks(cfg.split, n, seed=cfg.task_seed)}
     checked: dict[str, list[Any]] = {BEST_OF_K: [], PER_TASK: []}
 
+    lifecycle = TaskRunner(env, cfg.harness)  # its `finish`: the checker on the answer's state, then close
+
     def deliver(modes: tuple[str, ...], opened: Any, episode: Any) -> None:
         task = real[opened.task.id]
-        episode = replace(episode, task=task)
-        try:
-            result = env.check(task, opened.state, episode)
-        finally:
-            env.close(opened.state)
+        episode = lifecycle.finish(replace(opened, task=task), replace(episode, task=task))
         for mode in modes:
-            ep = replace(episode, metadata={**episode.metadata, "trial": 0, "faults_rate": cfg.rollout_faults,
-                                            "per_task_mode": mode})
-            ep.success, ep.check = result.success, result.to_dict()
-            checked[mode].append(ep)
+            checked[mode].append(replace(episode, metadata={**episode.metadata, "trial": 0,
+                                                            "faults_rate": cfg.rollout_faults, "per_task_mode": mode}))
 
     settings = PerTaskSettings(k=cfg.k, temperature=cfg.temperature, task_steps=cfg.task_steps,
                                task_learning_rate=cfg.task_learning_rate, faults=cfg.rollout_faults,

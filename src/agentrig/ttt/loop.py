@@ -324,18 +324,26 @@ def _takeover_pairs(student: list[Any], relabelled: list[Any]) -> list[dict[str,
 
 
 def _train(cfg: TTTConfig, files: list[str], out: Path, deadline: float) -> Any:
-    from agentrig.train.train import run_train
-    from agentrig.train.trainconfig import TrainConfig
-
     train_dir = out / "train"
     if train_dir.exists():
         shutil.rmtree(train_dir)
-    tcfg = TrainConfig(dataset=",".join(files), model_name_or_path=cfg.model, stage="sft", output_dir=str(train_dir),
-                       adapter_name_or_path=cfg.adapter, learning_rate=cfg.learning_rate,
-                       lr_scheduler_type="constant", warmup_ratio=0.0, per_device_train_batch_size=1,
-                       gradient_accumulation_steps=1, max_seq_length=cfg.max_seq_length, max_steps=cfg.steps,
-                       save_steps=max(cfg.steps, 1), packing=True, seed=cfg.seed)
-    return run_train(tcfg, callbacks=[_Deadline(deadline).callback])
+    return continue_adapter(files, model=cfg.model, adapter=cfg.adapter, output_dir=train_dir,
+                            learning_rate=cfg.learning_rate, steps=cfg.steps, max_seq_length=cfg.max_seq_length,
+                            seed=cfg.seed, packing=True, callbacks=[_Deadline(deadline).callback])
+
+
+def continue_adapter(files: list[str], *, model: str, adapter: str, output_dir: Path, learning_rate: float, steps: int,
+                     max_seq_length: int, seed: int, packing: bool, callbacks: list[Any] | None = None) -> Any:
+    """LoRA SFT continuing `adapter` on `files` for `steps` single-row steps at a constant rate (both TTT modes)."""
+    from agentrig.train.train import run_train
+    from agentrig.train.trainconfig import TrainConfig
+
+    tcfg = TrainConfig(dataset=",".join(files), model_name_or_path=model, stage="sft", output_dir=str(output_dir),
+                       adapter_name_or_path=adapter, learning_rate=learning_rate, lr_scheduler_type="constant",
+                       warmup_ratio=0.0, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                       max_seq_length=max_seq_length, max_steps=steps, save_steps=max(steps, 1), packing=packing,
+                       seed=seed)
+    return run_train(tcfg, callbacks=callbacks)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -180,13 +180,11 @@ def _answer(task: Any, n: int, rollouts: list[Episode], opened: list[Any], blind
     for j, o in enumerate(opened):
         if j != best:
             blind.close(o.state)
-    if settings.task_steps == 0:
-        deliver((BEST_OF_K,), opened[best], rollouts[best])
+    train = settings.task_steps > 0 and open_question
+    # where no training follows, the best rollout is the per-task answer too (with --task-steps 0 there is none)
+    deliver((BEST_OF_K,) if train or settings.task_steps == 0 else (BEST_OF_K, PER_TASK), opened[best], rollouts[best])
+    if not train:
         return record
-    if not open_question:
-        deliver((BEST_OF_K, PER_TASK), opened[best], rollouts[best])
-        return record
-    deliver((BEST_OF_K,), opened[best], rollouts[best])
     t0 = time.monotonic()
     trained = _train_on(rollouts[best], model=model, adapter=adapter, settings=settings, folder=out / "task_train")
     record.update(steps=trained.global_step, tokens=trained.tokens)
@@ -217,18 +215,13 @@ def _train_on(episode: Episode, *, model: str, adapter: str, settings: PerTaskSe
     """`settings.task_steps` LoRA steps continuing `adapter` on the episode's supervised turns."""
     from agentrig.data.samples import episode_samples
     from agentrig.harness.transcript import context_at
-    from agentrig.train.train import run_train
-    from agentrig.train.trainconfig import TrainConfig
+    from agentrig.ttt.loop import continue_adapter
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     samples = episode_samples(_unsealed(episode), "selected", context_at=context_at)
     data = folder / "selected.jsonl"
     data.write_text("".join(json.dumps(s.to_dict(), ensure_ascii=False) + "\n" for s, _ in samples), encoding="utf-8")
-    tcfg = TrainConfig(dataset=str(data), model_name_or_path=model, stage="sft", output_dir=str(folder / "run"),
-                       adapter_name_or_path=adapter, learning_rate=settings.task_learning_rate,
-                       lr_scheduler_type="constant", warmup_ratio=0.0, per_device_train_batch_size=1,
-                       gradient_accumulation_steps=1, max_seq_length=settings.max_seq_length,
-                       max_steps=settings.task_steps, save_steps=max(settings.task_steps, 1), packing=False,
-                       seed=settings.seed)
-    return run_train(tcfg)
+    return continue_adapter([str(data)], model=model, adapter=adapter, output_dir=folder / "run",
+                            learning_rate=settings.task_learning_rate, steps=settings.task_steps,
+                            max_seq_length=settings.max_seq_length, seed=settings.seed, packing=False)
