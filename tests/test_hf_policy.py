@@ -378,3 +378,20 @@ def test_loading_a_model_and_adapters_keeps_library_noise_out_of_the_terminal(tm
     err = capfd.readouterr().err
     assert "Loading weights" not in err and "is_gradient_checkpointing" not in err, err
     assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
+def test_models_load_without_hub_kernels_even_where_the_kernels_package_is_missing(tmp_path, smol_tokenizer, monkeypatch) -> None:
+    """transformers >= 5.25 kernelizes by default and refuses to load where `kernels` is not installed (seen on an
+    H200 machine: every model load failed); agentrig asks for no Hub kernels, so the load works there too."""
+    import transformers.modeling_utils as modeling_utils
+    from transformers import AutoModelForCausalLM
+
+    from agentrig.models import load_model, tiny_random_model
+
+    tiny_random_model(len(smol_tokenizer)).save_pretrained(tmp_path / "model")
+    monkeypatch.setattr(modeling_utils, "is_kernels_available", lambda *a, **k: False)
+    if "use_kernels" in str(modeling_utils.PreTrainedModel.from_pretrained.__doc__):  # the versions that kernelize
+        with pytest.raises(ValueError, match="[Kk]ernels"):
+            AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    model = load_model(str(tmp_path / "model"))
+    assert model.config.vocab_size == len(smol_tokenizer)

@@ -55,7 +55,7 @@ def _convert_gguf(folder: Path, filename: str, target: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32, use_kernels=False)
     config = AutoConfig.from_pretrained(folder, gguf_file=filename)
     # A GGUF-loaded model refuses save_pretrained; rebuild a plain model with the same weights.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -126,6 +126,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "auto", **from_pr
         torch_dtype = torch.bfloat16 if use_bf16 else torch.float32
     else:
         torch_dtype = getattr(torch, dtype)
+    # transformers >= 5.25 swaps layers for kernels fetched from the Hub unless told not to (`use_kernels` None
+    # means yes), and on a GPU without the `kernels` package it refuses to load at all. agentrig downloads
+    # nothing at run time and has its own kernels, so none are asked for unless the caller passes `use_kernels`.
+    from_pretrained.setdefault("use_kernels", False)
     with quiet_loading():
         return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=torch_dtype, **from_pretrained)
 
