@@ -37,14 +37,16 @@ def test_training_progress_prints_lines_when_not_on_a_terminal(capsys, monkeypat
     cb = ProgressCallback(TokenMeter(), "sft tiny")
     state = SimpleNamespace(is_world_process_zero=True, max_steps=3, global_step=0)
     cb.on_train_begin(None, state, None)
-    for step in (1, 2, 3):
+    for step in (1, 2, 3):  # the Trainer's order: on_step_end (should_log set by its flow callback), then on_log
         state.global_step = step
         cb.meter.add(100, 40)
+        cb.on_step_end(None, state, SimpleNamespace(should_log=True))
         cb.on_log(None, state, None, logs={"loss": 2.0 / step})
-        cb.on_step_end(None, state, None)
     cb.on_train_end(None, state, None)
     err = capsys.readouterr().err
-    assert "sft tiny: 1/3 (33%)" in err and "loss 2.0000" in err and "tok/s" in err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("sft tiny: 1/3 (33%)") and "loss 2.0000" in lines[0] and "tok/s" in lines[0], err
+    assert "loss 1.0000" in lines[1] and "nan" not in err
     assert err.rstrip().splitlines()[-1].startswith("sft tiny: 3/3 (100%)")
 
 
@@ -68,6 +70,7 @@ def test_a_real_training_run_logs_progress_and_no_library_noise(tmp_path, tiny_m
         warnings.simplefilter("always")
         run_train(tiny_config(tiny_model_dir, data, tmp_path / "run", max_steps=3, save_steps=3))
     err = capfd.readouterr().err
-    assert re.search(r": 1/3 \(33%\), .*loss", err) and re.search(r": 3/3 \(100%\)", err), err
+    assert re.search(r": 1/3 \(33%\), .*loss \d", err) and re.search(r": 3/3 \(100%\)", err), err
+    assert "loss nan" not in err  # step 1's line shows step 1's loss, not the one before it
     assert "is_gradient_checkpointing" not in err
     assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

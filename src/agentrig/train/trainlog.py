@@ -54,6 +54,7 @@ class ProgressCallback(TrainerCallback):
         self.bar: Any = None
         self.loss = float("nan")
         self.val_loss: float | None = None
+        self.pending: Any = None  # a finished step whose loss is logged after on_step_end (the Trainer's order)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start at the (possibly resumed) global step."""
@@ -73,9 +74,21 @@ class ProgressCallback(TrainerCallback):
             self.loss = float(logs["loss"])
         if logs and VALIDATION_KEY in logs:
             self.val_loss = float(logs[VALIDATION_KEY])
+        if self.pending is not None:
+            state, self.pending = self.pending, None
+            self._show(state)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Advance after each optimizer step."""
+        """Advance after each optimizer step; a step that will log its loss is shown when it does (the Trainer
+        calls on_log after on_step_end), so the line never shows the step before's loss, nor `nan` at step 1."""
+        if self.bar is None:
+            return
+        if getattr(control, "should_log", False):
+            self.pending = state
+            return
+        self._show(state)
+
+    def _show(self, state: Any) -> None:
         if self.bar is None:
             return
         tps, sps = self.meter.rates()
@@ -84,7 +97,7 @@ class ProgressCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Show the final state and release the terminal."""
         if self.bar is not None and self.stack is not None:
-            self.on_step_end(args, state, control)
+            self._show(state)
             self.stack.close()
             self.bar = self.stack = None
 
