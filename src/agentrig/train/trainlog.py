@@ -81,9 +81,7 @@ class ProgressCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Advance after each optimizer step; a step that will log its loss is shown when it does (the Trainer
         calls on_log after on_step_end), so the line never shows the step before's loss, nor `nan` at step 1."""
-        if self.bar is None:
-            return
-        if getattr(control, "should_log", False):
+        if self.bar is not None and getattr(control, "should_log", False):
             self.pending = state
             return
         self._show(state)

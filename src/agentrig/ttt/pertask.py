@@ -152,10 +152,13 @@ def answer_tasks(env: Any, split: str, n_tasks: int, *, model: str, adapter: str
             mine = opened[c * settings.k:(c + 1) * settings.k]
             for ep in rollouts:
                 ep.episode_id = f"{task.id}#0"  # every answer of this task pairs with trial 0 of `agentrig eval`
-            summary["tasks"].append(_answer(task, n, rollouts, mine, blind, runner, policy, harness, deliver,
-                                            model=model, adapter=adapter, name=name, settings=settings, out=out,
-                                            summary=summary))
-            record = summary["tasks"][-1]
+            record = _answer(task, n, rollouts, mine, blind, runner, policy, harness, deliver, model=model,
+                             adapter=adapter, name=name, settings=settings, out=out)
+            summary["tasks"].append(record)
+            if "steps" in record:
+                summary["trained"] += 1
+                summary["tokens"] += record["tokens"]
+                summary["train_s"] += record["train_s"]
             log(f"per-task {n + 1}/{len(tasks)} {task.id}: rollouts {'disagree' if record['disagree'] else 'agree'}"
                 + (f", trained {record['steps']} steps" if "steps" in record else ""))
     summary["wall_s"] = round(time.monotonic() - started, 1)
@@ -165,9 +168,10 @@ def answer_tasks(env: Any, split: str, n_tasks: int, *, model: str, adapter: str
 
 def _answer(task: Any, n: int, rollouts: list[Episode], opened: list[Any], blind: Any, runner: Any, policy: Any,
             harness: Any, deliver: Deliver, *, model: str, adapter: str, name: str, settings: PerTaskSettings,
-            out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+            out: Path) -> dict[str, Any]:
     """Select among one task's rollouts, deliver the best-of-k answer and, where they disagree and training
-    is on, train, deliver the per-task answer and reset. Returns the task's record."""
+    is on, train, deliver the per-task answer and reset. Returns the task's record (with `steps`, `tokens`
+    and `train_s` where it trained)."""
     from agentrig.harness import run_episodes
     from agentrig.harness.trajectory import write_episodes
 
@@ -188,8 +192,6 @@ def _answer(task: Any, n: int, rollouts: list[Episode], opened: list[Any], blind
     t0 = time.monotonic()
     trained = _train_on(rollouts[best], model=model, adapter=adapter, settings=settings, folder=out / "task_train")
     record.update(steps=trained.global_step, tokens=trained.tokens)
-    summary["trained"] += 1
-    summary["tokens"] += trained.tokens
     task_adapter = f"{name}-task{n}"
     policy.load_adapter(task_adapter, str(trained.adapter_dir))
     policy.use(task_adapter)
@@ -202,7 +204,6 @@ def _answer(task: Any, n: int, rollouts: list[Episode], opened: list[Any], blind
     policy.unload_adapter(task_adapter)  # reset: the next task starts from the original adapter
     shutil.rmtree(out / "task_train", ignore_errors=True)
     record["train_s"] = round(time.monotonic() - t0, 1)
-    summary["train_s"] += record["train_s"]
     return record
 
 
