@@ -229,6 +229,36 @@ def test_a_tiny_ttt_run_changes_the_adapter_and_keeps_the_original(tmp_path: Pat
     assert "already holds a finished TTT run" in capsys.readouterr().err
 
 
+def test_rollout_tasks_rolls_out_a_sample_and_learns_the_rest_from_the_constructed_solution(
+        tmp_path: Path, tiny_model_and_adapter) -> None:
+    from agentrig.cli import main
+    from agentrig.errors import ConfigError
+    from agentrig.harness.trajectory import iter_episodes
+    from agentrig.ttt.loop import TTTConfig, rollout_sample
+
+    assert rollout_sample(6, None, 0) == rollout_sample(6, 9, 0) == set(range(6))
+    assert len(rollout_sample(6, 2, 0)) == 2 and rollout_sample(6, 2, 0) == rollout_sample(6, 2, 0)
+    assert rollout_sample(6, 0, 0) == set()
+    model, adapter = tiny_model_and_adapter
+    out = tmp_path / "ttt"
+    assert main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
+                 "--out", str(out), "--steps", "1", "--practice-tasks", "6", "--max-new-tokens", "8",
+                 "--max-steps", "3", "--replay-share", "0", "--rollout-tasks", "1"]) == 0
+    summary = json.loads((out / "ttt.json").read_text())
+    verified = summary["practice"]["verified"]
+    assert verified >= 2 and summary["rollouts"]["episodes"] == 1
+    assert summary["rollouts"]["constructed_only"] == verified - 1
+    rolled = list(iter_episodes(out / "rollouts.jsonl"))
+    sft = list(iter_episodes(out / "practice_sft.jsonl"))
+    constructed = [e for e in sft if e.episode_id.endswith("+constructed")]
+    # every task not rolled out is learned from its constructed solution, which passed the task's assertion
+    assert len(constructed) == verified - 1 and all(e.success for e in constructed)
+    assert rolled[0].task.id not in {e.task.id for e in constructed}
+    assert summary["train_data"]["practice_samples"] == len(sft) and summary["steps"] == 1
+    with pytest.raises(ConfigError, match="--rollout-tasks"):
+        TTTConfig(adapter=str(adapter), out=str(tmp_path / "x"), rollout_tasks=-1)
+
+
 def test_the_in_context_control_shows_the_exploration_in_the_system_prompt(tmp_path: Path) -> None:
     from agentrig.evals.incontext import HEADER, InContextPolicy, examples_block
     from agentrig.harness.trajectory import write_episodes

@@ -11,7 +11,9 @@ The per-environment loop (docs/ttt.md has the design and the research behind it)
    faults on read-only tools). Its successes become SFT data; at its first wrong step in a failed episode
    the constructed solution takes over (DAgger, `data.dagger.relabel`): the takeover step is the chosen
    side of a preference pair whose rejected side is the adapter's own step (`pairs.jsonl`), and the
-   relabelled episode is SFT data too;
+   relabelled episode is SFT data too. `--rollout-tasks N` rolls out a seeded sample of N practice tasks
+   only; the others are learned from their constructed solution directly (what a takeover at the first
+   step gives), which leaves the budget's minutes to training (docs/ttt.md measures both);
 4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`, constant 1e-4) on that data plus a replayed share of
    the adapter's own training data against forgetting, for `steps` steps or until the time budget runs
    out; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`, `agentrig serve` or vLLM.
@@ -59,6 +61,9 @@ class TTTConfig:
     rollout_faults: float = opt(0.2, "injected-fault rate on the adapter's practice rollouts (side-effect tools only "
                                 "get faults that stop the call before it runs, as in collection)")
     max_new_tokens: int = opt(160, "generation limit per step of the rollouts")
+    rollout_tasks: int | None = opt(None, "practice tasks the adapter is rolled out on (a seeded sample); the "
+                                    "others are learned from their constructed solution directly, so training "
+                                    "gets the minutes (default: all)")
     steps: int = opt(40, "LoRA steps at most (one packed row each)")
     learning_rate: float = opt(1e-4, "learning rate of the continued adapter (constant; 5e-4 measured worse: "
                                "docs/ttt.md)")
@@ -98,12 +103,22 @@ class TTTConfig:
             raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
         if self.steps < 1 or self.practice_tasks < 1:
             raise ConfigError("--steps and --practice-tasks must be at least 1")
+        if self.rollout_tasks is not None and self.rollout_tasks < 0:
+            raise ConfigError(f"--rollout-tasks must be 0 or more (0: no rollouts), got {self.rollout_tasks}")
         if self.per_task and (self.k < 2 or self.task_steps < 0 or self.limit < 1 or self.temperature <= 0):
             raise ConfigError("--per-task needs --k of at least 2, --temperature above 0 (the rollouts are "
                               "sampled), --limit of at least 1 and --task-steps of at least 0 (0: best-of-k only)")
         if self.control not in CONTROLS:
             raise ConfigError(f"--control must be one of {', '.join(CONTROLS)}, got {self.control!r}")
         self.name = self.name or Path(self.adapter).resolve().name
+
+
+def rollout_sample(n: int, k: int | None, seed: int) -> set[int]:
+    """Indices of the `k` practice tasks (of `n`) the adapter is rolled out on: all when `k` is None or at least
+    `n`, else a sample seeded by the TTT seed."""
+    if k is None or k >= n:
+        return set(range(n))
+    return set(random.Random(f"ttt-rollouts/{seed}").sample(range(n), k))
 
 
 def find_replay(adapter: str) -> str | None:
@@ -183,7 +198,7 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
     from agentrig.harness.trajectory import write_episodes
     from agentrig.ttt.blind import BlindEnv, ttt_seed
     from agentrig.ttt.explore import explore, surfaces
-    from agentrig.ttt.practice import PracticeEnv, build_practice, verify
+    from agentrig.ttt.practice import PracticeEnv, build_practice, solve
 
     started = time.monotonic()
     deadline = started + 60.0 * cfg.budget_minutes
@@ -224,7 +239,8 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         summary["exploration"]["new_to_the_adapter"] = sorted(new_tools)
         built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed, prefer=new_tools or None)
         penv = PracticeEnv(blind, surf, built)
-        kept = verify(penv, built, cfg.harness)
+        solved = solve(penv, built, cfg.harness)
+        kept = [ep.task for ep in solved]
         penv = PracticeEnv(blind, surf, kept)
         with (out / "practice_tasks.jsonl").open("w", encoding="utf-8") as fh:
             for t in kept:
@@ -248,31 +264,37 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         t0 = time.monotonic()
         from agentrig.policies.loader import PolicySpec, load_policy
 
-        policy = load_policy(PolicySpec(cfg.model, adapters={cfg.name: cfg.adapter},
-                                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
-        policy.use(cfg.name)
         faults = TaskRunner.env_faults(penv, cfg.rollout_faults) if cfg.rollout_faults > 0 else None
         runner = TaskRunner(penv, cfg.harness, faults, seed=cfg.seed)
-        opened = [runner.open(t, f"{t.id}#0", f"ttt/{cfg.seed}/{t.id}") for t in kept]
-        student = runner.run(opened, policy, batch_size=16)
+        rolled = rollout_sample(len(kept), cfg.rollout_tasks, cfg.seed)
+        constructed = [ep for i, ep in enumerate(solved) if i not in rolled]
+        opened = [runner.open(t, f"{t.id}#0", f"ttt/{cfg.seed}/{t.id}") for i, t in enumerate(kept) if i in rolled]
+        student = []
+        if opened:
+            policy = load_policy(PolicySpec(cfg.model, adapters={cfg.name: cfg.adapter},
+                                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))
+            policy.use(cfg.name)
+            student = runner.run(opened, policy, batch_size=16)
+            del policy
         write_episodes(out / "rollouts.jsonl", student)
         wins = [e for e in student if e.success]
         dsum = DaggerSummary()
         relabelled = list(relabel([e for e in student if not e.success], penv, cfg.harness,
                                   faults=None, summary=dsum))
-        write_episodes(out / "practice_sft.jsonl", wins + relabelled)
+        write_episodes(out / "practice_sft.jsonl", wins + relabelled + constructed)
         pairs = _takeover_pairs(student, relabelled)
         with (out / "pairs.jsonl").open("w", encoding="utf-8") as fh:
             for p in pairs:
                 fh.write(json.dumps(p, ensure_ascii=False) + "\n")
         summary["rollouts"] = {"episodes": len(student), "succeeded": len(wins), "relabelled": dsum.relabelled,
-                               "relabel": dsum.to_dict(), "pairs": len(pairs)}
+                               "relabel": dsum.to_dict(), "pairs": len(pairs), "constructed_only": len(constructed)}
         summary["timing"]["rollouts"] = round(time.monotonic() - t0, 1)
         log(f"rollouts: the adapter passed {len(wins)}/{len(student)} practice tasks; {dsum.relabelled} corrected "
-            f"by the constructed solution, {len(pairs)} preference pairs")
-        del policy
+            f"by the constructed solution, {len(pairs)} preference pairs"
+            + (f"; {len(constructed)} more learned from their constructed solution without a rollout"
+               if constructed else ""))
         sft_files.append(str(out / "practice_sft.jsonl"))
-        n_practice_samples = len(wins) + len(relabelled)
+        n_practice_samples = len(wins) + len(relabelled) + len(constructed)
     # replay: a share of the samples (the control: the same number of rows, replay only)
     if cfg.control == "none":
         n_replay = round(n_practice_samples * cfg.replay_share / (1.0 - cfg.replay_share)) if cfg.replay_share else 0

@@ -441,16 +441,24 @@ class PracticeExpert:
         return PolicyReply(request.task.metadata["answer"].format(**values))
 
 
-def verify(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessConfig) -> list[TaskSpec]:
-    """The tasks whose assertion the constructed solution passes on a fresh state, without faults."""
-    kept = []
+def solve(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessConfig) -> list[Episode]:
+    """The constructed solution's episodes that pass their task's assertion, each on a fresh state and without
+    faults (the tasks whose solution fails are left out)."""
+    solved = []
     expert = PracticeExpert(dict(practice_env.drift_names))
     for task in tasks_:
         tools, state = practice_env.setup(task)
         try:
-            ep = run_episode(task, tools, expert, harness, episode_id=task.id)
+            ep = run_episode(task, tools, expert, harness, episode_id=f"{task.id}+constructed")
         finally:
             practice_env.close(state)
-        if check_practice(task, ep).success:
-            kept.append(task)
-    return kept
+        result = check_practice(task, ep)
+        if result.success:
+            ep.success, ep.check = True, result.to_dict()
+            solved.append(ep)
+    return solved
+
+
+def verify(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessConfig) -> list[TaskSpec]:
+    """The tasks whose assertion the constructed solution passes on a fresh state, without faults."""
+    return [ep.task for ep in solve(practice_env, tasks_, harness)]
