@@ -259,6 +259,26 @@ def test_rollout_tasks_rolls_out_a_sample_and_learns_the_rest_from_the_construct
         TTTConfig(adapter=str(adapter), out=str(tmp_path / "x"), rollout_tasks=-1)
 
 
+def test_the_budget_stops_training_before_a_step_would_pass_the_deadline() -> None:
+    from types import SimpleNamespace
+
+    from agentrig.ttt.loop import _Deadline
+
+    now = [0.0]
+    stop = _Deadline(deadline=100.0, reserve=3.0, clock=lambda: now[0])
+    control, state = SimpleNamespace(should_training_stop=False), SimpleNamespace()
+    stop.callback.on_step_begin(None, state, control)
+    ends = []
+    for t in range(10, 200, 10):  # 10-second steps
+        now[0] = float(t)
+        stop.callback.on_step_end(None, state, control)
+        if control.should_training_stop:
+            ends.append(t)
+            break
+    # at 80 s another step and the save still fit (80 + 10 + 3 < 100); at 90 s they would not
+    assert ends == [90] and state.stopped_by_budget
+
+
 def test_the_in_context_control_shows_the_exploration_in_the_system_prompt(tmp_path: Path) -> None:
     from agentrig.evals.incontext import HEADER, InContextPolicy, examples_block
     from agentrig.harness.trajectory import write_episodes

@@ -52,7 +52,8 @@ class TTTConfig:
     tasks: str | None = opt(None, "tasks file of an MCP environment")
     split: str = opt("test_unseen_tools", "the split whose tools to adapt to (its tasks are drawn from the TTT "
                      "seed namespace, never the evaluation's)")
-    budget_minutes: float = opt(10.0, "wall-clock minutes for the whole loop; training stops when they run out")
+    budget_minutes: float = opt(10.0, "wall-clock minutes for the whole loop; training stops when another step "
+                                "would not fit in them")
     surface_tasks: int = opt(16, "tasks of the split set up to find its tools (none of them is run)")
     explore_per_tool: int = opt(6, "probes per tool and round")
     explore_rounds: int = opt(4, "exploration rounds (each uses the values earlier rounds found, so chains form)")
@@ -171,21 +172,35 @@ def _replay_rows(source: str, n: int, seed: int, out: Path, harness: HarnessConf
 
 
 class _Deadline:
-    """A TrainerCallback that stops training once the loop's time budget is spent."""
+    """A TrainerCallback that ends training when the loop's time budget would not hold another step: at each
+    step's end it stops if that step's duration, plus `reserve` seconds for saving the adapter, would carry the
+    next one past the deadline (so the loop ends inside its budget, not one step after it)."""
 
-    def __init__(self, deadline: float):
+    def __init__(self, deadline: float, reserve: float = 3.0, clock: Any = time.monotonic):
         from transformers import TrainerCallback
 
-        self.deadline = deadline
+        self.deadline, self.reserve, self.clock = deadline, reserve, clock
+        self.last: float | None = None
         outer = self
 
         class Stop(TrainerCallback):
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if outer.last is None:
+                    outer.last = outer.clock()
+
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                if time.monotonic() >= outer.deadline:
+                if outer.out_of_time():
                     control.should_training_stop = True
                     state.stopped_by_budget = True
 
         self.callback = Stop()
+
+    def out_of_time(self) -> bool:
+        """Called at a step's end: whether a step as long as this one, and the save, would pass the deadline."""
+        now = self.clock()
+        step = now - self.last if self.last is not None else 0.0
+        self.last = now
+        return now + step + self.reserve >= self.deadline
 
 
 def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[str, Any]:
