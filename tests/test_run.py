@@ -116,6 +116,10 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     # test-time training adapted the SFT adapter to the unseen-tools split's tools, and was evaluated paired
     assert done["ttt"]["split"] == "test_unseen_tools" and done["ttt"]["steps"] == 1
     assert (out / "ttt" / "adapter-ttt" / "adapter_model.safetensors").is_file()
+    # the profile's ttt_rollouts: one practice task rolled out, the others learned from their constructed solution
+    verified = done["ttt"]["practice"]["verified"]
+    assert done["ttt"]["rollouts"]["episodes"] == min(1, verified)
+    assert done["ttt"]["rollouts"]["constructed_only"] == verified - min(1, verified)
     assert {r["split"] for r in done["eval_ttt"]["paired"]} == {"test", "test_unseen_tools"}
     assert all(r["n"] == PROFILES["tiny"].eval_limit for r in done["eval_ttt"]["paired"])
     n = PROFILES["tiny"].train_episodes

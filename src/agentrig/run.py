@@ -81,6 +81,7 @@ class Profile:
     ttt_minutes: float = 0.0  # a test-time-training stage of this budget (0: none), docs/ttt.md
     ttt_practice: int = 32  # practice tasks
     ttt_steps: int = 40  # LoRA steps at most
+    ttt_rollouts: int | None = None  # practice tasks rolled out (None: all; the rest learned from their solution)
     ttt_explore: tuple[int, int] = (6, 4)  # probes per tool and round, rounds
 
 
@@ -90,11 +91,13 @@ PROFILES = {
                        curve_points=3),
     "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=400,
                     batch_size=1, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
-                    curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24, ttt_minutes=10.0),
+                    curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24, ttt_minutes=10.0,
+                    ttt_rollouts=8),
     # For tests and smoke runs: every stage, minutes of CPU.
     "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
                     batch_size=1, eval_limit=2, eval_max_new_tokens=24, curve_points=2, curve_limit=1, dpo=True,
-                    rollout_episodes=4, dpo_steps=2, ttt_minutes=3.0, ttt_practice=3, ttt_steps=1, ttt_explore=(2, 2)),
+                    rollout_episodes=4, dpo_steps=2, ttt_minutes=3.0, ttt_practice=3, ttt_steps=1, ttt_explore=(2, 2),
+                    ttt_rollouts=1),
 }
 EVAL_SPLITS = ["test", "test_unseen_tools"]
 LORA_RANK, LORA_ALPHA = 32, 64  # the seed's LoRA keys (section 3.1), for every profile
@@ -546,6 +549,7 @@ def _ttt(cfg: RunConfig, prof: Profile, root: Path, adapter: str, data_dir: str,
     per_tool, rounds = prof.ttt_explore
     tcfg = TTTConfig(adapter=adapter, out=str(out), model=cfg.model, env=cfg.env, tasks=cfg.tasks, split=split,
                      budget_minutes=prof.ttt_minutes, practice_tasks=prof.ttt_practice, steps=prof.ttt_steps,
+                     rollout_tasks=prof.ttt_rollouts,
                      explore_per_tool=per_tool, explore_rounds=rounds, max_new_tokens=prof.eval_max_new_tokens,
                      replay=data_dir, seed=cfg.seed, harness=_harness(prof))
     return run_ttt(tcfg, skip_empty=True)
