@@ -13,7 +13,7 @@ from agentrig.harness import HarnessConfig, run_episode
 from agentrig.harness.policy import PolicyReply
 from agentrig.ttt.blind import BlindEnv, BlindError, ttt_seed
 from agentrig.ttt.explore import explore, sample_pattern, surfaces
-from agentrig.ttt.practice import PracticeEnv, PracticeExpert, build_practice, check_practice, verify
+from agentrig.ttt.practice import PracticeEnv, PracticeExpert, build_practice, check_practice, solve
 
 MY_ENV = str(Path(__file__).resolve().parent.parent / "examples" / "my_env.py") + ":make_env"
 
@@ -111,7 +111,7 @@ def test_practice_tasks_pass_their_own_assertions_with_the_constructed_calls(spe
     tasks = build_practice(ex, 24, seed=0)
     assert tasks
     penv = PracticeEnv(env, surf, tasks)
-    kept = verify(penv, tasks, HarnessConfig())
+    kept = [ep.task for ep in solve(penv, tasks, HarnessConfig())]
     assert len(kept) >= 0.9 * len(tasks)
     for task in kept:
         assert task.expected["calls"] and (task.expected["figures"] or task.expected["terms"])

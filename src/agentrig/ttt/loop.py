@@ -15,8 +15,9 @@ The per-environment loop (docs/ttt.md has the design and the research behind it)
    only; the others are learned from their constructed solution directly (what a takeover at the first
    step gives), which leaves the budget's minutes to training (docs/ttt.md measures both);
 4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`, constant 1e-4) on that data plus a replayed share of
-   the adapter's own training data against forgetting, for `steps` steps or until the time budget runs
-   out; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`, `agentrig serve` or vLLM.
+   the adapter's own training data against forgetting, for `steps` steps or until another step would not
+   fit in the time budget; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`,
+   `agentrig serve` or vLLM.
 
 `--control extra_sft` trains the same steps on the replay data only (the compute-matched control of
 docs/ttt.md); `--control none` is the loop. Nothing here calls the environment's checker or reads a task's

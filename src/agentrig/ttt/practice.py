@@ -16,7 +16,7 @@ arguments. `PracticeEnv` serves the tasks through the Environment API on the sur
 `check` is that assertion), and `PracticeExpert` solves them from the messages alone (the constructed
 calls, values read from the live results, a retry on a failed call), so the TTT loop can relabel the
 adapter's own episodes with DAgger. A task is kept only when the expert passes its assertion on a fresh
-state (`verify`).
+state (`solve`, which returns those episodes: the loop trains on them where it does not roll out).
 """
 
 from __future__ import annotations
@@ -457,8 +457,3 @@ def solve(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessCon
             ep.success, ep.check = True, result.to_dict()
             solved.append(ep)
     return solved
-
-
-def verify(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessConfig) -> list[TaskSpec]:
-    """The tasks whose assertion the constructed solution passes on a fresh state, without faults."""
-    return [ep.task for ep in solve(practice_env, tasks_, harness)]
