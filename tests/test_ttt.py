@@ -259,6 +259,35 @@ def test_rollout_tasks_rolls_out_a_sample_and_learns_the_rest_from_the_construct
         TTTConfig(adapter=str(adapter), out=str(tmp_path / "x"), rollout_tasks=-1)
 
 
+def test_stack_rank_trains_a_new_lora_on_the_frozen_adapter_and_saves_both_as_one(
+        tmp_path: Path, tiny_model_and_adapter) -> None:
+    from safetensors.torch import load_file
+
+    from agentrig.cli import main
+    from agentrig.errors import ConfigError
+    from agentrig.policies.loader import PolicySpec, load_policy
+    from agentrig.ttt.loop import TTTConfig
+
+    model, adapter = tiny_model_and_adapter
+    out = tmp_path / "ttt"
+    assert main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
+                 "--out", str(out), "--steps", "2", "--practice-tasks", "4", "--max-steps", "3",
+                 "--replay-share", "0", "--rollout-tasks", "0", "--stack-rank", "2", "--learning-rate", "1e-2"]) == 0
+    cfg = json.loads((out / "adapter-ttt" / "adapter_config.json").read_text())
+    assert (cfg["r"], cfg["lora_alpha"], sorted(cfg["target_modules"])) == (6, 6, ["q_proj", "v_proj"])
+    old, new = load_file(adapter / "adapter_model.safetensors"), load_file(out / "adapter-ttt" / "adapter_model.safetensors")
+    assert set(new) == set(old)
+    for key, tensor in old.items():  # the original (rank 4, scale 8/4 folded into B) is frozen; the new rank 2 trained
+        if key.endswith("lora_A.weight"):
+            assert new[key][:4].equal(tensor)
+        else:
+            assert new[key][:, :4].allclose(tensor * 2) and new[key][:, 4:].abs().max() > 0
+    policy = load_policy(PolicySpec(str(model), adapters={"adapter-ttt": str(out / "adapter-ttt")}))
+    assert policy.adapter_names == ["adapter-ttt"]
+    with pytest.raises(ConfigError, match="--stack-rank"):
+        TTTConfig(adapter=str(adapter), out=str(tmp_path / "x"), stack_rank=-1)
+
+
 def test_the_budget_stops_training_before_a_step_would_pass_the_deadline() -> None:
     from types import SimpleNamespace
 

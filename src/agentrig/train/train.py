@@ -306,7 +306,11 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         from agentrig.models import quiet_loading
 
         with quiet_loading():
-            model = PeftModel.from_pretrained(model, config.adapter_name_or_path, is_trainable=True)
+            model = PeftModel.from_pretrained(model, config.adapter_name_or_path,
+                                              is_trainable=not config.create_new_adapter)
+        if config.create_new_adapter:  # the old adapter into the weights, a new one on top (stack.py saves both)
+            model = model.merge_and_unload()
+            peft_config = _lora_config(config, model)
     _check_vocab(max(max(r["input_ids"]) for r in rows + val_rows), model, config.dataset)
     # Rows of a batch are joined without padding when attention already keeps samples apart by position.
     per_sample_attention = model.config._attn_implementation in (PACKED_ATTENTION, "flash_attention_2",
@@ -528,6 +532,10 @@ def run_train(config: TrainConfig, resume: bool = False, callbacks: list[Any] | 
 
     adapter_dir = output_dir / "adapter"
     trainer.save_model(str(adapter_dir))  # with load_best_model_at_end, the best checkpoint's adapter
+    if config.create_new_adapter and trainer.is_world_process_zero():
+        from agentrig.train.stack import stack_adapters
+
+        stack_adapters(config.adapter_name_or_path, adapter_dir, adapter_dir)
     if config.load_best_model_at_end and trainer.state.best_model_checkpoint:
         stats.update(best_step=int(trainer.state.best_model_checkpoint.rsplit("-", 1)[-1]),
                      best_eval_loss=float(trainer.state.best_metric))

@@ -88,6 +88,11 @@ class TrainConfig:
         "a PEFT adapter to continue training (its LoRA settings replace lora_rank/lora_alpha/lora_target/"
         "lora_num_layers); "
         "stage dpo: the SFT adapter to start from, also the frozen reference"))
+    create_new_adapter: bool = field(default=False, metadata=_help(
+        "stage sft with adapter_name_or_path: merge that adapter into the base and train a new LoRA "
+        "(lora_rank/lora_alpha/lora_target/lora_num_layers) on top, as LLaMA-Factory's key does; the saved "
+        "adapter/ is the two concatenated (rank = both ranks summed), so it loads on the base model alone "
+        "(train/stack.py)"))
     pref_beta: float = field(default=0.1, metadata=_help("DPO beta (strength of the KL tie to the reference)"))
     pref_ftx: float = field(default=0.0, metadata=_help(
         "DPO: weight of an NLL term on the chosen completion (per token), which keeps the format the chosen "
@@ -391,6 +396,13 @@ def _validate(config: TrainConfig) -> None:
     _validate_quantization(config)
     if config.push_to_hub and not config.hub_model_id:
         raise ConfigError("push_to_hub needs hub_model_id: the repository to upload the adapter to (`user/name`)")
+    if config.create_new_adapter and (config.stage != "sft" or not config.adapter_name_or_path):
+        raise ConfigError("create_new_adapter stacks a new LoRA on an existing one: it needs stage sft and "
+                          "adapter_name_or_path (the adapter to build on)")
+    if config.create_new_adapter and config.quantization_bit:
+        raise ConfigError("create_new_adapter merges adapter_name_or_path into the base weights, which a "
+                          "quantized base cannot hold exactly: drop quantization_bit, or continue the adapter "
+                          "(create_new_adapter: false)")
     if config.resume_from_checkpoint == "":
         raise ConfigError("resume_from_checkpoint is empty: give a checkpoint-N folder, true, or leave it out")
 

@@ -70,6 +70,9 @@ class TTTConfig:
     learning_rate: float = opt(1e-4, "learning rate of the continued adapter (constant; 5e-4 measured worse: "
                                "docs/ttt.md)")
     max_seq_length: int = opt(2048, "tokens per packed row")
+    stack_rank: int = opt(0, "0: continue training the adapter; R: merge it into the base and train a new "
+                          "rank-R LoRA on its modules instead (LLaMA-Factory's create_new_adapter); NAME-ttt is "
+                          "the two concatenated, one adapter of both ranks summed (train/stack.py)")
     replay: str | None = opt(None, "training data to replay against forgetting (a data build folder, a "
                              "tokenized.jsonl or an episodes file); default: the adapter's own, found through "
                              "the agentrig_train.yaml beside it")
@@ -103,6 +106,8 @@ class TTTConfig:
             raise ConfigError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
         if not 0.0 <= self.replay_share < 1.0:
             raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
+        if self.stack_rank < 0:
+            raise ConfigError(f"--stack-rank must be 0 (continue the adapter) or a LoRA rank, got {self.stack_rank}")
         if self.steps < 1 or self.practice_tasks < 1:
             raise ConfigError("--steps and --practice-tasks must be at least 1")
         if self.rollout_tasks is not None and self.rollout_tasks < 0:
@@ -367,20 +372,30 @@ def _train(cfg: TTTConfig, files: list[str], out: Path, deadline: float) -> Any:
         shutil.rmtree(train_dir)
     return continue_adapter(files, model=cfg.model, adapter=cfg.adapter, output_dir=train_dir,
                             learning_rate=cfg.learning_rate, steps=cfg.steps, max_seq_length=cfg.max_seq_length,
-                            seed=cfg.seed, packing=True, callbacks=[_Deadline(deadline).callback])
+                            seed=cfg.seed, packing=True, callbacks=[_Deadline(deadline).callback],
+                            stack_rank=cfg.stack_rank)
 
 
 def continue_adapter(files: list[str], *, model: str, adapter: str, output_dir: Path, learning_rate: float, steps: int,
-                     max_seq_length: int, seed: int, packing: bool, callbacks: list[Any] | None = None) -> Any:
-    """LoRA SFT continuing `adapter` on `files` for `steps` single-row steps at a constant rate (both TTT modes)."""
+                     max_seq_length: int, seed: int, packing: bool, callbacks: list[Any] | None = None,
+                     stack_rank: int = 0) -> Any:
+    """LoRA SFT continuing `adapter` on `files` for `steps` single-row steps at a constant rate (both TTT modes);
+    with `stack_rank`, a new LoRA of that rank on the same modules, on top of `adapter` merged."""
+    from agentrig.jsonl import read_adapter_config
     from agentrig.train.train import run_train
     from agentrig.train.trainconfig import TrainConfig
 
+    stack: dict[str, Any] = {}
+    if stack_rank:
+        old = read_adapter_config(adapter)
+        targets = old.get("target_modules") or "all"
+        stack = dict(create_new_adapter=True, lora_rank=stack_rank, lora_alpha=2 * stack_rank,
+                     lora_target="all" if isinstance(targets, str) else sorted(targets))
     tcfg = TrainConfig(dataset=",".join(files), model_name_or_path=model, stage="sft", output_dir=str(output_dir),
                        adapter_name_or_path=adapter, learning_rate=learning_rate, lr_scheduler_type="constant",
                        warmup_ratio=0.0, per_device_train_batch_size=1, gradient_accumulation_steps=1,
                        max_seq_length=max_seq_length, max_steps=steps, save_steps=max(steps, 1), packing=packing,
-                       seed=seed)
+                       seed=seed, **stack)
     return run_train(tcfg, callbacks=callbacks)
 
 
