@@ -14,7 +14,8 @@ The per-environment loop (docs/ttt.md has the design and the research behind it)
    relabelled episode is SFT data too. `--rollout-tasks N` rolls out a seeded sample of N practice tasks
    only; the others are learned from their constructed solution directly (what a takeover at the first
    step gives), which leaves the budget's minutes to training (docs/ttt.md measures both);
-4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`, constant 1e-4) on that data plus a replayed share of
+4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`, constant 1e-4), or with `stack_rank` a new
+   LoRA on top of it (`create_new_adapter`), on that data plus a replayed share of
    the adapter's own training data against forgetting, for `steps` steps or until another step would not
    fit in the time budget; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`,
    `agentrig serve` or vLLM.
@@ -68,7 +69,8 @@ class TTTConfig:
                                     "gets the minutes (default: all)")
     steps: int = opt(40, "LoRA steps at most (one packed row each)")
     learning_rate: float = opt(1e-4, "learning rate of the continued or stacked adapter (constant; continuing at "
-                               "5e-4 measured worse; a stacked rank-8 LoRA fits the practice at 5e-4, not at 1e-4: docs/ttt.md)")
+                               "5e-4 measured worse; a stacked rank-8 LoRA fits the practice at 5e-4, not at "
+                               "1e-4: docs/ttt.md)")
     max_seq_length: int = opt(2048, "tokens per packed row")
     stack_rank: int = opt(0, "0: continue training the adapter; R: merge it into the base and train a new "
                           "rank-R LoRA on its modules instead (LLaMA-Factory's create_new_adapter); NAME-ttt is "
