@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -488,3 +489,35 @@ def test_the_per_task_mode_answers_every_task_twice_and_keeps_the_adapter(tmp_pa
     summary = json.loads((only / "pertask.json").read_text())
     assert summary["trained"] == 0 and set(summary["completed"]) == {"best_of_k"}
     assert len(list(iter_episodes(only / "rollouts.jsonl"))) == 6
+
+
+@pytest.mark.parametrize("spec,split", [("datadesk", "test_unseen_tools"), ("toolworld", "test")])
+def test_missing_tasks_want_the_call_and_an_honest_answer(spec: str, split: str) -> None:
+    env, surf, ex = _explored(spec, split)
+    tasks = build_practice(ex, 20, seed=0, missing_share=0.25)
+    missing = [t for t in tasks if t.family == "practice_missing"]
+    assert len(missing) == 5 and len(tasks) == 20
+    assert len({t.metadata["plan"][0]["name"] for t in missing}) >= 2  # spread over the tools
+    penv = PracticeEnv(env, surf, tasks)
+    kept = {ep.task.id for ep in solve(penv, tasks, HarnessConfig())}
+    assert {t.id for t in missing} <= kept  # the constructed call finds nothing, the honest answer passes
+    task = missing[0]
+    assert task.expected["impossible"] and not task.expected["figures"]
+    for months in re.findall(r"\b(\d{4})-(\d{2})\b", json.dumps(task.expected["calls"])):
+        assert 1990 <= int(months[0]) <= 2040 and 1 <= int(months[1]) <= 12  # a request a person could make
+
+    def episode(reply):
+        tools, state = penv.setup(task)
+        try:
+            return run_episode(task, tools, reply, HarnessConfig(), episode_id="m")
+        finally:
+            penv.close(state)
+
+    good = episode(PracticeExpert())
+    assert check_practice(task, good).success
+    assert [c.name for s in good.steps for c in s.calls] == [task.metadata["plan"][0]["name"]]
+    # the honest words without the call, or the call and an invented figure, fail
+    assert not check_practice(task, episode(lambda r: PolicyReply(task.metadata["answer"]))).success
+    invented = type(good)(**{**good.__dict__, "final_answer": "It is 4817.", "steps": good.steps})
+    result = check_practice(task, invented)
+    assert not result.success and result.invented_numbers == [4817.0]

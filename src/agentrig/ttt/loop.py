@@ -61,6 +61,8 @@ class TTTConfig:
     explore_rounds: int = opt(4, "exploration rounds (each uses the values earlier rounds found, so chains form)")
     explore_faults: float = opt(0.1, "injected-fault rate during exploration (read-only tools only)")
     practice_tasks: int = opt(48, "practice tasks built backwards from the exploration")
+    missing_share: float = opt(0.0, "share of the practice tasks that ask about something a tool found nothing "
+                               "for, answered honestly (keeps the adapter's \"not found\" answers: docs/ttt.md)")
     rollout_faults: float = opt(0.2, "injected-fault rate on the adapter's practice rollouts (side-effect tools only "
                                 "get faults that stop the call before it runs, as in collection)")
     max_new_tokens: int = opt(160, "generation limit per step of the rollouts")
@@ -108,6 +110,8 @@ class TTTConfig:
             raise ConfigError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
         if not 0.0 <= self.replay_share < 1.0:
             raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
+        if not 0.0 <= self.missing_share < 1.0:
+            raise ConfigError(f"--missing-share is a fraction in [0, 1), got {self.missing_share}")
         if self.stack_rank < 0:
             raise ConfigError(f"--stack-rank must be 0 (continue the adapter) or a LoRA rank, got {self.stack_rank}")
         if self.steps < 1 or self.practice_tasks < 1:
@@ -260,7 +264,8 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         t0 = time.monotonic()
         new_tools = novel_tools(replay, summary["exploration"]["tools"]) if replay else set()
         summary["exploration"]["new_to_the_adapter"] = sorted(new_tools)
-        built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed, prefer=new_tools or None)
+        built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed, prefer=new_tools or None,
+                               missing_share=cfg.missing_share)
         penv = PracticeEnv(blind, surf, built)
         solved = solve(penv, built, cfg.harness)
         kept = [ep.task for ep in solved]

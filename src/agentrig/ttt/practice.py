@@ -8,7 +8,11 @@ turned into the request it answers. For each successful exploration call `B(args
   or how many items a list holds);
 - a **chain** task does the same when one of `args` appeared in the result of another call `A(a) -> R_A`
   (at a unique place, not one item of a long list): the request names `a` instead, so answering needs
-  `A`, then `B` with the value `A` returned.
+  `A`, then `B` with the value `A` returned;
+- a **missing** task (with `missing_share`) asks the same of a call that found nothing (`B(args)` answered
+  "No result", no fault injected): the assertion is datadesk's `impossible` rule, the call made and an
+  honest answer that says so, with no number the request did not give. It keeps the adapter's trained
+  "not found" answers alive while the other tasks teach new tools.
 
 Every task carries its assertion in `expected` (never an environment checker): the figures and terms the
 answer must state (what the tools returned), and the calls that must have succeeded with those
@@ -27,7 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentrig.envs.base import CheckResult, Environment, check_answer, classify_observation, settle
+from agentrig.envs.base import (CheckResult, Environment, check_answer, check_no_tool_and_impossible,
+                               classify_observation, settle)
 from agentrig.harness import HarnessConfig, run_episode
 from agentrig.harness.policy import PolicyReply, PolicyRequest
 from agentrig.harness.protocol import get_protocol
@@ -152,6 +157,42 @@ def successful_calls(exploration: Exploration) -> list[Call]:
     return out
 
 
+_PLAUSIBLE_YEARS = range(1990, 2041)
+
+
+def _plausible(arguments: dict[str, Any], props: dict[str, Any]) -> bool:
+    """Whether a person could ask with these arguments: short values, and an ISO month or date with a month
+    of 1-12 and a year of 1990-2040 (a pattern-sampled "9785-75" finds nothing, but nobody asks for it), and
+    no free string that is one lower-case word, as the column names and "example" exploration also tries."""
+    for k, v in arguments.items():
+        if isinstance(v, str) and (len(v) > _LONG or ("enum" not in props.get(k, {}) and re.fullmatch(r"[a-z_]+", v))):
+            return False
+        if isinstance(v, str) and stated_format(props.get(k, {})) and re.match(r"^\d{4}-\d{2}", v):
+            if int(v[:4]) not in _PLAUSIBLE_YEARS or not 1 <= int(v[5:7]) <= 12:
+                return False
+    return True
+
+
+def missing_calls(exploration: Exploration) -> list[Call]:
+    """Every distinct exploration call with arguments that found nothing: "No result" from the tool itself (no
+    fault injected), outside a state-building episode, with arguments a person could ask with."""
+    seen: set[str] = set()
+    by_surface = {s.key: s for s in exploration.surfaces}
+    out = []
+    for ep, call, result in exploration.calls():
+        if not result.ok or result.fault is not None or classify_observation(result.content) != "empty":
+            continue
+        surface = ep.task.metadata.get("surface", "")
+        if not call.arguments or ep.task.metadata.get("kind") == "state" or surface not in by_surface:
+            continue
+        props = by_surface[surface].specs[call.name]["function"]["parameters"].get("properties") or {}
+        key = json.dumps([surface, call.name, call.arguments], sort_keys=True)
+        if key not in seen and _plausible(call.arguments, props):
+            seen.add(key)
+            out.append(Call(call.name, dict(call.arguments), None, surface))
+    return out
+
+
 def _unique_path(result: Any, value: Any) -> list[Any] | None:
     """Where `value` sits in `result`, when it sits in exactly one place that is not one of many list items."""
     found = [p for p, v in leaves(result) if v == value and type(v) is type(value)]
@@ -167,13 +208,18 @@ def _unique_path(result: Any, value: Any) -> list[Any] | None:
 
 
 def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors: int = 2,
-                   prefer: set[str] | None = None, prefer_share: float = 0.75) -> list[TaskSpec]:
+                   prefer: set[str] | None = None, prefer_share: float = 0.75,
+                   missing_share: float = 0.0) -> list[TaskSpec]:
     """Up to `n` practice tasks (chains first, then singles, each kind shuffled) from the exploration's
     successful calls; `distractors` other tools of the surface join each allowlist. With `prefer` (the tools
-    new to the adapter), up to `prefer_share` of the tasks are ones whose last call is one of them."""
+    new to the adapter), up to `prefer_share` of the tasks are ones whose last call is one of them. With
+    `missing_share`, up to that share of the `n` are missing tasks (module docstring), spread over the tools
+    whose calls found nothing; the other shares apply to the rest."""
     rng = random.Random(f"ttt-practice/{seed}")
     by_surface = {s.key: s for s in exploration.surfaces}
     calls = successful_calls(exploration)
+    missing = _missing_tasks(exploration, calls, round(n * missing_share), rng, distractors) if missing_share else []
+    n -= len(missing)
     chains: list[TaskSpec] = []
     singles: list[TaskSpec] = []
     for b in calls:
@@ -239,9 +285,48 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
         chains = [t for t in chains if t not in picked]
         singles = [t for t in singles if t not in picked]
     picked += _spread(chains, singles, n - len(picked))
+    picked += missing
     for i, t in enumerate(picked):
         t.id = f"practice-{seed}-{i:04d}"
     return picked
+
+
+def _missing_tasks(exploration: Exploration, calls: list[Call], n: int, rng: random.Random,
+                   distractors: int) -> list[TaskSpec]:
+    """Up to `n` missing tasks, at most one per tool until every tool has one (then a second, ...): the request
+    a successful call of the same tool would answer (its fields), about arguments that found nothing."""
+    by_surface = {s.key: s for s in exploration.surfaces}
+    per_tool: dict[str, list[TaskSpec]] = {}
+    for b in missing_calls(exploration):
+        surface = by_surface[b.surface]
+        spec_b = surface.specs[b.name]["function"]
+        props_b = spec_b["parameters"].get("properties") or {}
+        fields: list[tuple[str, list[Any], Any]] = []
+        for ok in calls:
+            if ok.name == b.name and ok.surface == b.surface:
+                fields = [q for q in _quotes(ok.result, set(), rng) if q[0] == "field"]
+                if fields:
+                    break
+        goal = _first_sentence(spec_b.get("description", "")) or _words(b.name)
+        args_text = "; ".join(_phrase_value(k, v, props_b.get(k, {})) for k, v in b.arguments.items())
+        plan = [{"name": b.name, "arguments": b.arguments, "links": {}}]
+        task = _task(surface, plan, goal, args_text, fields or [("field", ["details"], "")], "practice_missing",
+                     rng, distractors)
+        question = _question(fields) if fields else "the details"
+        task.expected = {"figures": [], "terms": [], "calls": [{"name": b.name, "arguments": b.arguments}],
+                         "impossible": True}
+        task.metadata.update(quotes=[], impossible=True, missing=True,
+                             answer=f"There is no record for {args_text}: {b.name} found nothing, so I cannot "
+                                    f"give {question}.")
+        per_tool.setdefault(b.name, []).append(task)
+    for tasks_ in per_tool.values():
+        rng.shuffle(tasks_)
+    out: list[TaskSpec] = []
+    rank = 0
+    while len(out) < n and any(len(v) > rank for v in per_tool.values()):
+        out += [v[rank] for _, v in sorted(per_tool.items()) if len(v) > rank][: n - len(out)]
+        rank += 1
+    return out
 
 
 def _spread(chains: list[TaskSpec], singles: list[TaskSpec], n: int) -> list[TaskSpec]:
@@ -330,9 +415,11 @@ def _same_arguments(made: dict[str, Any], wanted: dict[str, Any], schema: dict[s
 
 def check_practice(task: TaskSpec, episode: Episode) -> CheckResult:
     """A practice task's own assertion: a final answer with its figures and terms, and each constructed
-    call made and successful with those arguments (defaults may be written or left out)."""
+    call made and successful with those arguments (defaults may be written or left out); for a missing task
+    also datadesk's `impossible` rule (an honest answer, no number the request did not give)."""
     res = CheckResult(success=False)
     answer = check_answer(task.expected, episode, res)
+    check_no_tool_and_impossible(task.expected, task.prompt, answer, episode, res)
     specs = {t["function"]["name"]: t["function"].get("parameters", {}) for t in episode.tools}
     made = [(c, r) for s in episode.steps for c in s.calls for r in s.results if r.call_id == c.id]
     for want in task.expected["calls"]:
@@ -400,7 +487,8 @@ def _lookup(value: Any, path: list[Any], drift: dict[str, str]) -> Any:
 
 class PracticeExpert:
     """Solves a practice task from its plan: each constructed call in turn (a linked argument read from the
-    earlier result), a failed call retried once, then the answer quoting the last result."""
+    earlier result), a failed call retried once, then the answer quoting the last result; a missing task's
+    "No result" is its answer: the honest one, at once."""
 
     def __init__(self, drift_names: dict[str, str] | None = None):
         self.drift = dict(drift_names or {})
@@ -416,9 +504,12 @@ class PracticeExpert:
                 continue
             if m.get("name") != plan[len(results)]["name"]:
                 continue
-            if classify_observation(m.get("content", "")) == "ok":
+            seen = classify_observation(m.get("content", ""))
+            if seen == "ok":
                 results.append(json.loads(m["content"]))
                 failures = 0
+            elif seen == "empty" and request.task.metadata.get("missing"):
+                return PolicyReply(request.task.metadata["answer"])
             else:
                 failures += 1
         if failures >= 2:
