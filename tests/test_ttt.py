@@ -521,3 +521,10 @@ def test_missing_tasks_want_the_call_and_an_honest_answer(spec: str, split: str)
     invented = type(good)(**{**good.__dict__, "final_answer": "It is 4817.", "steps": good.steps})
     result = check_practice(task, invented)
     assert not result.success and result.invented_numbers == [4817.0]
+
+
+def test_missing_tasks_leave_the_other_tasks_as_they_were() -> None:
+    _, _, ex = _explored("datadesk", "test_unseen_tools")
+    plain = build_practice(ex, 12, seed=0)
+    mixed = build_practice(ex, 16, seed=0, missing_share=0.25)
+    assert [t.prompt for t in mixed if t.family != "practice_missing"] == [t.prompt for t in plain]

@@ -218,7 +218,8 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
     rng = random.Random(f"ttt-practice/{seed}")
     by_surface = {s.key: s for s in exploration.surfaces}
     calls = successful_calls(exploration)
-    missing = _missing_tasks(exploration, calls, round(n * missing_share), rng, distractors) if missing_share else []
+    missing = _missing_tasks(exploration, calls, round(n * missing_share), random.Random(f"ttt-missing/{seed}"),
+                             distractors) if missing_share else []  # their own draws: the other tasks stay the same
     n -= len(missing)
     chains: list[TaskSpec] = []
     singles: list[TaskSpec] = []
