@@ -62,7 +62,8 @@ class TTTConfig:
     explore_faults: float = opt(0.1, "injected-fault rate during exploration (read-only tools only)")
     practice_tasks: int = opt(48, "practice tasks built backwards from the exploration")
     missing_share: float = opt(0.0, "share of the practice tasks that ask about something a tool found nothing "
-                               "for, answered honestly (keeps the adapter's \"not found\" answers: docs/ttt.md)")
+                               "for, answered honestly; measured harmful (the model learns to stop at the first "
+                               "\"No result\", its own wrong arguments' too: docs/ttt.md), so off by default")
     rollout_faults: float = opt(0.2, "injected-fault rate on the adapter's practice rollouts (side-effect tools only "
                                 "get faults that stop the call before it runs, as in collection)")
     max_new_tokens: int = opt(160, "generation limit per step of the rollouts")

@@ -11,8 +11,9 @@ turned into the request it answers. For each successful exploration call `B(args
   `A`, then `B` with the value `A` returned;
 - a **missing** task (with `missing_share`) asks the same of a call that found nothing (`B(args)` answered
   "No result", no fault injected): the assertion is datadesk's `impossible` rule, the call made and an
-  honest answer that says so, with no number the request did not give. It keeps the adapter's trained
-  "not found" answers alive while the other tasks teach new tools.
+  honest answer that says so, with no number the request did not give. Meant to keep the adapter's
+  "not found" answers while the other tasks teach new tools; measured, it teaches the model to stop at the
+  first "No result", also where its own wrong argument caused it (docs/ttt.md), so the loop leaves it off.
 
 Every task carries its assertion in `expected` (never an environment checker): the figures and terms the
 answer must state (what the tools returned), and the calls that must have succeeded with those
