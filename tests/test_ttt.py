@@ -203,7 +203,7 @@ def test_a_tiny_ttt_run_changes_the_adapter_and_keeps_the_original(tmp_path: Pat
     out = tmp_path / "ttt"
     code = main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
                  "--out", str(out), "--steps", "2", "--practice-tasks", "6", "--max-new-tokens", "8",
-                 "--max-steps", "3", "--replay-share", "0"])
+                 "--max-steps", "3", "--replay-share", "0", "--stack-rank", "0", "--learning-rate", "1e-4"])
     assert code == 0
     summary = json.loads((out / "ttt.json").read_text())
     assert summary["steps"] == 2 and summary["practice"]["verified"] >= 1

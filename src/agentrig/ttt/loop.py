@@ -14,8 +14,9 @@ The per-environment loop (docs/ttt.md has the design and the research behind it)
    relabelled episode is SFT data too. `--rollout-tasks N` rolls out a seeded sample of N practice tasks
    only; the others are learned from their constructed solution directly (what a takeover at the first
    step gives), which leaves the budget's minutes to training (docs/ttt.md measures both);
-4. **train**: LoRA SFT continuing the adapter (`adapter_name_or_path`, constant 1e-4), or with `stack_rank` a new
-   LoRA on top of it (`create_new_adapter`), on that data plus a replayed share of
+4. **train**: a new rank-8 LoRA stacked on the frozen adapter (`stack_rank`, `create_new_adapter`, constant
+   5e-4), or with `stack_rank` 0 the adapter itself continued (`adapter_name_or_path`), on that data plus a
+   replayed share (half by default) of
    the adapter's own training data against forgetting, for `steps` steps or until another step would not
    fit in the time budget; saved as `OUT/NAME-ttt`, which loads next to `NAME` in one `HFPolicy`,
    `agentrig serve` or vLLM.
@@ -60,28 +61,29 @@ class TTTConfig:
     explore_per_tool: int = opt(6, "probes per tool and round")
     explore_rounds: int = opt(4, "exploration rounds (each uses the values earlier rounds found, so chains form)")
     explore_faults: float = opt(0.1, "injected-fault rate during exploration (read-only tools only)")
-    practice_tasks: int = opt(48, "practice tasks built backwards from the exploration")
+    practice_tasks: int = opt(32, "practice tasks built backwards from the exploration")
     missing_share: float = opt(0.0, "share of the practice tasks that ask about something a tool found nothing "
                                "for, answered honestly; measured harmful (the model learns to stop at the first "
                                "\"No result\", its own wrong arguments' too: docs/ttt.md), so off by default")
     rollout_faults: float = opt(0.2, "injected-fault rate on the adapter's practice rollouts (side-effect tools only "
                                 "get faults that stop the call before it runs, as in collection)")
     max_new_tokens: int = opt(160, "generation limit per step of the rollouts")
-    rollout_tasks: int | None = opt(None, "practice tasks the adapter is rolled out on (a seeded sample); the "
+    rollout_tasks: int | None = opt(8, "practice tasks the adapter is rolled out on (a seeded sample); the "
                                     "others are learned from their constructed solution directly, so training "
-                                    "gets the minutes (default: all)")
+                                    "gets the minutes (all: as many as --practice-tasks)")
     steps: int = opt(40, "LoRA steps at most (one packed row each)")
-    learning_rate: float = opt(1e-4, "learning rate of the continued or stacked adapter (constant; continuing at "
-                               "5e-4 measured worse; a stacked rank-8 LoRA fits the practice at 5e-4, not at "
-                               "1e-4: docs/ttt.md)")
+    learning_rate: float = opt(5e-4, "learning rate of the continued or stacked adapter (constant; a stacked "
+                               "rank-8 LoRA fits the practice at 5e-4, not at 1e-4; continuing the adapter, use "
+                               "1e-4: at 5e-4 it measured worse, docs/ttt.md)")
     max_seq_length: int = opt(2048, "tokens per packed row")
-    stack_rank: int = opt(0, "0: continue training the adapter; R: merge it into the base and train a new "
-                          "rank-R LoRA on its modules instead (LLaMA-Factory's create_new_adapter); NAME-ttt is "
-                          "the two concatenated, one adapter of both ranks summed (train/stack.py)")
+    stack_rank: int = opt(8, "R: merge the adapter into the base and train a new rank-R LoRA on its modules "
+                          "(LLaMA-Factory's create_new_adapter); NAME-ttt is the two concatenated, one adapter of "
+                          "both ranks summed (train/stack.py); 0: continue training the adapter itself")
     replay: str | None = opt(None, "training data to replay against forgetting (a data build folder, a "
                              "tokenized.jsonl or an episodes file); default: the adapter's own, found through "
                              "the agentrig_train.yaml beside it")
-    replay_share: float = opt(0.3, "share of the TTT training samples drawn from --replay")
+    replay_share: float = opt(0.5, "share of the TTT training samples drawn from --replay (0.5 kept `test` at "
+                              "every seed measured with the stacked LoRA, 0.3 lost up to 5 tasks: docs/ttt.md)")
     control: str = opt("none", "`none`: the TTT loop; `extra_sft`: the compute-matched control, the same "
                        "steps on the replay data only", choices=CONTROLS)
     seed: int = opt(0, "seed of the exploration, the practice tasks and the training")
