@@ -83,9 +83,8 @@ class Profile:
     ttt_steps: int = 40  # LoRA steps at most
     ttt_rollouts: int | None = None  # practice tasks rolled out (None: all; the rest learned from their solution)
     ttt_explore: tuple[int, int] = (6, 4)  # probes per tool and round, rounds
-    # the stage's update (None: `agentrig ttt`'s default): stacked LoRA rank (0: continue the adapter), learning rate,
-    # replayed share
-    ttt_update: tuple[int, float, float] | None = None
+    # TTTConfig fields the stage sets otherwise than `agentrig ttt`'s defaults, e.g. (("stack_rank", 0),)
+    ttt_update: tuple[tuple[str, Any], ...] = ()
 
 
 PROFILES = {
@@ -95,7 +94,8 @@ PROFILES = {
     "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=400,
                     batch_size=1, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
                     curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24, ttt_minutes=10.0,
-                    ttt_rollouts=8, ttt_update=(0, 1e-4, 0.3)),  # continued at 1e-4: measured on this adapter
+                    ttt_rollouts=8,  # the update measured on this adapter: continue it at 1e-4 with 30% replay
+                    ttt_update=(("stack_rank", 0), ("learning_rate", 1e-4), ("replay_share", 0.3))),
     # For tests and smoke runs: every stage, minutes of CPU.
     "tiny": Profile("tiny", train_episodes=24, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=2,
                     batch_size=1, eval_limit=2, eval_max_new_tokens=24, curve_points=2, curve_limit=1, dpo=True,
@@ -550,13 +550,11 @@ def _ttt(cfg: RunConfig, prof: Profile, root: Path, adapter: str, data_dir: str,
     if (out / "ttt.json").exists():  # finished, but the stage record was not written: keep it
         return json.loads((out / "ttt.json").read_text())
     per_tool, rounds = prof.ttt_explore
-    update = {} if prof.ttt_update is None else dict(zip(("stack_rank", "learning_rate", "replay_share"),
-                                                          prof.ttt_update))
     tcfg = TTTConfig(adapter=adapter, out=str(out), model=cfg.model, env=cfg.env, tasks=cfg.tasks, split=split,
                      budget_minutes=prof.ttt_minutes, practice_tasks=prof.ttt_practice, steps=prof.ttt_steps,
                      rollout_tasks=prof.ttt_rollouts,
                      explore_per_tool=per_tool, explore_rounds=rounds, max_new_tokens=prof.eval_max_new_tokens,
-                     replay=data_dir, seed=cfg.seed, harness=_harness(prof), **update)
+                     replay=data_dir, seed=cfg.seed, harness=_harness(prof), **dict(prof.ttt_update))
     return run_ttt(tcfg, skip_empty=True)
 
 
