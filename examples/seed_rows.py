@@ -1,7 +1,7 @@
 """Row 4 of docs/training.md again, with only the training seed changed: how much of a row is the seed.
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
-    [--neftune ALPHA] [--family-weights FAMILY=W,...]
+    [--neftune ALPHA] [--mixup-detours SHARE] [--family-weights FAMILY=W,...]
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
 `TrainConfig.seed = N` (LoRA's initial weights and the row order; the data stay byte for byte the same), and the
@@ -9,7 +9,8 @@ evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and
 `agentrig compare OUT_A/eval:sft OUT_B/eval:sft` then pairs two seeds task by task. About 40 minutes on 2 cores.
 `--split test` evaluates one split only (40 tasks, about 5 minutes). `--episodes`, `--steps` and `--lora-layers` change
 the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); `--neftune` turns on NEFTune noise
-(`neftune_noise_alpha`); `--family-weights` reweights the teacher's task families (`collect --family-weights`).
+(`neftune_noise_alpha`); `--mixup-detours` sets the share of the teacher's mix-up detours (`collect
+--mixup-detours`); `--family-weights` reweights the teacher's task families (`collect --family-weights`).
 One knob per row: the rest of the profile stays.
 """
 import argparse
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the profile's, 200)")
     ap.add_argument("--lora-layers", type=int, default=None, help="LoRA on the last N decoder layers (default: the profile's)")
     ap.add_argument("--neftune", type=float, default=None, help="NEFTune alpha, neftune_noise_alpha (default: the profile's, off)")
+    ap.add_argument("--mixup-detours", type=float, default=None, help="share of mix-up detours (default: the profile's, 0)")
     ap.add_argument("--family-weights", default="", help="task family draw weights, e.g. ranking=2 (default: none)")
     a = ap.parse_args()
     from agentrig import run
@@ -37,6 +39,7 @@ def main() -> None:
     prof, cfg = run.PROFILES["default"], run.RunConfig(out=str(out))
     prof = replace(prof, train_episodes=a.episodes or prof.train_episodes, sft_steps=a.steps or prof.sft_steps,
                    lora_num_layers=a.lora_layers or prof.lora_num_layers, neftune_alpha=a.neftune or prof.neftune_alpha,
+                   mixup_detours=prof.mixup_detours if a.mixup_detours is None else a.mixup_detours,
                    family_weights=tuple(parse_family_weights(a.family_weights).items()) or prof.family_weights)
     collect = run._collect(cfg, prof, out)
     data = run._build(cfg, prof, out, [collect["episodes_file"]])
@@ -45,6 +48,7 @@ def main() -> None:
     ev = run._evaluate(cfg, prof, out, {"sft": sft["adapter"]}, ["sft"], splits=splits)
     summary = {"train_seed": a.train_seed, "episodes": prof.train_episodes, "steps": prof.sft_steps,
                "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
+               "mixup_detours": prof.mixup_detours,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

@@ -226,6 +226,52 @@ def test_repeat_detours_on_an_expert_without_them_is_a_clear_error():
     assert _expert(load_env("datadesk"), CollectConfig(repeat_detours=0.5)).repeat_rate == 0.5
 
 
+def test_mixup_detour_sends_the_name_to_the_wrong_lookup_then_makes_the_right_call(env):
+    """A mix-up detour: the request's region, customer or product name sent to the look-up of another kind of thing
+    that the task offers (weight 0, really executed: "No result"), then a supervised step that says what the name is
+    and makes the call the teacher always makes; the episode still succeeds. Without one, the episode is unchanged."""
+    from agentrig.envs.datadesk.teacher import _ENTITY_ARG
+
+    seen, same, impossible = 0, 0, 0
+    for task in env.tasks("train", 80, seed=4):
+        runs = []
+        for rate in (0.0, 1.0):
+            tools, state = env.setup(task)
+            ep = run_episode(task, tools, ExpertTeacher(detour_rate=0.2, mixup_rate=rate), HarnessConfig(),
+                             episode_id=task.id)
+            res = env.check(task, state, ep)
+            assert res.success, (task.id, task.family, ep.final_answer, res.reasons)
+            runs.append(ep)
+        plain, mixed = runs
+        if [s.raw_output for s in plain.steps] == [s.raw_output for s in mixed.steps]:
+            same += 1
+            continue
+        seen += 1
+        wrong, right = mixed.steps[0], mixed.steps[1]
+        assert wrong.weight == 0.0 and plain.steps[0].weight == 1.0  # never on top of a rejected-call detour
+        assert task.family not in ("no_tool", "sql_query")
+        impossible += task.family == "impossible"
+        (call,) = wrong.calls
+        assert call.name in task.allowed_tools and call.name not in [c.name for c in plain.steps[0].calls]
+        assert wrong.results[0].content == "No result"
+        key, kind = _ENTITY_ARG[plain.steps[0].calls[0].name]
+        name = plain.steps[0].calls[0].arguments[key]
+        assert list(call.arguments.values()) == [name]
+        assert right.weight == 1.0 and right.text.startswith(f"{name} is a {kind}, not a ")
+        assert [(c.name, c.arguments) for c in right.calls] == [(c.name, c.arguments) for c in plain.steps[0].calls]
+        assert [s.raw_output for s in mixed.steps[2:]] == [s.raw_output for s in plain.steps[1:]]
+    assert seen >= 10 and same >= 10 and impossible >= 1, (seen, same, impossible)
+
+
+def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
+    from agentrig.data.collect import CollectConfig, _expert
+    from agentrig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="has no mix-up detours"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", mixup_detours=0.5))
+    assert _expert(load_env("datadesk"), CollectConfig(mixup_detours=0.5)).mixup_rate == 0.5
+
+
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _DATE = re.compile(r"\d{4}-\d{2}(?:-\d{2})?")
 

@@ -71,6 +71,7 @@ class Profile:
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
     repeat_notice: bool = False  # HarnessConfig.repeat_notice at collection and evaluation
     repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
+    mixup_detours: float = 0.0  # share of teacher episodes with a mix-up detour (the expert's mixup_rate)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
@@ -254,7 +255,7 @@ def _harness(prof: Profile) -> Any:
 
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
              episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
-    from agentrig.data.collect import CollectConfig, has_repeat_detours, run_collect
+    from agentrig.data.collect import CollectConfig, expert_takes, has_repeat_detours, run_collect
 
     from agentrig.envs import load_env
 
@@ -262,12 +263,14 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     env = load_env(cfg.env, cfg.tasks)
     renames = teacher == "expert" and bool(env.tool_aliases)  # an env without aliases: none
     repeats = teacher == "expert" and has_repeat_detours(env)  # an expert without repeat detours: none
+    mixups = teacher == "expert" and expert_takes(env, "mixup_rate")
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing,
                          repeat_notice=prof.repeat_notice,
                          repeat_detours=prof.repeat_detours if repeats else 0.0,
+                         mixup_detours=prof.mixup_detours if mixups else 0.0,
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)

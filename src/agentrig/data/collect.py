@@ -100,6 +100,9 @@ class CollectConfig:
     repeat_detours: float = opt(0.0, "share of episodes in which the expert resends a call that answered (masked in "
                                 "training), gets the harness's notice, and goes on (datadesk's expert; use with "
                                 "--repeat-notice)")
+    mixup_detours: float = opt(0.0, "share of episodes in which the expert first sends the request's name to the "
+                               "look-up of another kind of thing (masked in training), then says what the name is "
+                               "and makes the right call (datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
@@ -115,7 +118,7 @@ class CollectConfig:
         for name in ("episodes", "workers", "max_steps", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("faults", "paraphrase", "rename", "detours", "repeat_detours"):
+        for name in ("faults", "paraphrase", "rename", "detours", "repeat_detours", "mixup_detours"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} is a share between 0 and 1, got {getattr(self, name)}")
         if self.teacher not in TEACHERS:
@@ -126,7 +129,7 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
-        for k in ("repeat_detours", "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
+        for k in ("repeat_detours", "mixup_detours", "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
             if not d[k]:
                 d.pop(k)
         return d
@@ -201,16 +204,26 @@ def _family_weights(env: Any, cfg: CollectConfig) -> dict[str, float] | None:
     return weights
 
 
+def expert_takes(env: Any, param: str) -> bool:
+    """Whether the environment's `expert()` takes `param` (`repeat_rate`, `mixup_rate`)."""
+    return param in inspect.signature(env.expert).parameters
+
+
 def has_repeat_detours(env: Any) -> bool:
     """Whether the environment's expert takes `repeat_rate` (`--repeat-detours`)."""
-    return "repeat_rate" in inspect.signature(env.expert).parameters
+    return expert_takes(env, "repeat_rate")
 
 
 def _expert(env: Any, cfg: CollectConfig) -> Any:
-    extra = {"repeat_rate": cfg.repeat_detours} if cfg.repeat_detours > 0 else {}
-    if extra and not has_repeat_detours(env):
-        raise ConfigError(f"--repeat-detours: the expert of environment {env.name!r} has no repeat detours (its "
-                          "expert() takes no repeat_rate); leave --repeat-detours at 0")
+    extra: dict[str, float] = {}
+    for flag, kind, param, rate in (("--repeat-detours", "repeat", "repeat_rate", cfg.repeat_detours),
+                                    ("--mixup-detours", "mix-up", "mixup_rate", cfg.mixup_detours)):
+        if rate <= 0:
+            continue
+        if not expert_takes(env, param):
+            raise ConfigError(f"{flag}: the expert of environment {env.name!r} has no {kind} detours (its expert() "
+                              f"takes no {param}); leave {flag} at 0")
+        extra[param] = rate
     expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")

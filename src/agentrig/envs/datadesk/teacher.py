@@ -15,7 +15,10 @@ corrects it. Repeat detours (`repeat_rate`, collected with the harness's `repeat
 that answered at its first try, the teacher sends the identical call once more behind the retry sentence a
 student writes over a fine result (weight 0, as the student does), the harness answers it with its result
 and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
-state a student reaches by itself, and the way out of it. Long tasks call `note` after each finished sub-goal.
+state a student reaches by itself, and the way out of it. Mix-up detours (`mixup_rate`): the first call's
+region, customer or product name is first sent to a look-up of another kind of thing that the task offers
+(`find_customer` for "Coastal"; weight 0, really executed), and the next, supervised step says what the name is and
+makes the right call. Long tasks call `note` after each finished sub-goal.
 Not handled: environments other than datadesk (their `expert()` supplies their own policy).
 """
 
@@ -54,6 +57,16 @@ OUTPUT_KEYS: dict[str, set[str]] = {
     "run_sql": {"columns", "rows"},
 }
 _TRANSIENT = {"timeout", "unavailable", "rate_limited", "broken"}
+# Mix-up detours: the argument of a first call that names a thing, what kind of thing it is, and the look-ups of
+# other kinds a student sends it to instead (tool, its argument, the kind that tool looks up).
+_ENTITY_ARG = {"sales_total": ("region", "region"), "top_products": ("region", "region"),
+               "region_info": ("region", "region"), "find_customer": ("name", "customer"),
+               "find_product": ("name", "product")}
+_MIXUPS = {"region": [("find_customer", "name", "customer"), ("find_product", "name", "product")],
+           "customer": [("find_product", "name", "product"), ("region_info", "region", "region"),
+                        ("stock_level", "sku", "SKU")],
+           "product": [("find_customer", "name", "customer"), ("stock_level", "sku", "SKU")]}
+_NO_MIXUP = {"no_tool", "sql_query"}  # they name nothing
 
 
 @dataclass
@@ -114,7 +127,8 @@ _REASON_WORDS = {"timeout": "it timed out", "unavailable": "the service was unav
 class EpisodeSolver:
     """One episode's solver state: the generator, its RNG, the name mapping, and the tools offered."""
 
-    def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0):
+    def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0,
+                 mixup_rate: float = 0.0):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -129,6 +143,10 @@ class EpisodeSolver:
         # a separate RNG, so that episodes without a repeat detour are the same as before the option existed
         self.repeat_rng = random.Random(f"teacher-repeat/{seed}/{task.id}")
         self.repeat = repeat_rate > 0 and self.repeat_rng.random() < repeat_rate
+        # mix-up detours: their own RNG too; an episode with a detour keeps it and gets no mix-up
+        self.mixup_rng = random.Random(f"teacher-mixup/{seed}/{task.id}")
+        self.mixup = (mixup_rate > 0 and self.mixup_rng.random() < mixup_rate and not self.detour
+                      and task.family not in _NO_MIXUP)
 
     # -- naming ---------------------------------------------------------------------------------
     def name(self, tool: str) -> str:
@@ -161,6 +179,10 @@ class EpisodeSolver:
             self.started = True
             yield self._detour(state[0])
             text = "That call was rejected; here is the corrected one."
+        if self.mixup and not self.started and (mixup := self._mixup(state[0])) is not None:
+            self.started = True
+            yield mixup[0]  # its observation is ignored (weight 0): the sentence below holds whatever came back
+            text = mixup[1]
         self.started = True
         while True:
             pending = [r for r in state if not r.done]
@@ -255,6 +277,22 @@ class EpisodeSolver:
         if args:
             args.pop(next(iter(args)))
         return Action(text="", calls=[(r.tool, args)], weight=0.0)
+
+    def _mixup(self, r: _Req) -> tuple[Action, str] | None:
+        """The request's name sent to the look-up of another kind of thing (weight 0), and the sentence that
+        puts it right: the mistake a student makes most (a region looked up as a customer or a product), as a
+        state to go on from. None when the first call names nothing, or no wrong look-up is offered."""
+        if r.tool not in _ENTITY_ARG:
+            return None
+        key, kind = _ENTITY_ARG[r.tool]
+        value = r.args.get(key)
+        wrong = [(t, k, w) for t, k, w in _MIXUPS[kind] if t != r.tool and self.offers(t)]
+        if not isinstance(value, str) or not wrong:
+            return None
+        tool, arg, wrong_kind = self.mixup_rng.choice(wrong)
+        sentence = (f"{value} is a {kind}, not a {wrong_kind}, so {self.name(tool)} cannot find it; "
+                    f"{self.name(r.tool)} is the tool for this.")
+        return Action(text="", calls=[(tool, {arg: value})], weight=0.0), sentence
 
     def note(self, summary: str) -> Generator[Action, Obs, None]:
         """Save a finished sub-goal to the memory area (when the harness offers `note`)."""
@@ -600,9 +638,10 @@ class ExpertTeacher:
     """The datadesk expert as a harness policy (`generate(request) -> PolicyReply`)."""
 
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
-                 repeat_rate: float = 0.0):
+                 repeat_rate: float = 0.0, mixup_rate: float = 0.0):
         self.detour_rate = detour_rate
         self.repeat_rate = repeat_rate
+        self.mixup_rate = mixup_rate
         self.seed = seed
         self.proto = get_protocol(protocol)
         self.max_live = max_live
@@ -612,7 +651,7 @@ class ExpertTeacher:
         """The next step of this episode's solver, written in the output protocol."""
         key = request.episode_id or request.task.id
         if request.step == 0 or key not in self._live:
-            ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate)
+            ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate)
             action = next(ep.gen)
         else:
             ep, prev = self._live[key]
