@@ -255,14 +255,15 @@ def _harness(prof: Profile) -> Any:
 
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
              episodes: int | None = None, name: str = "train", **extra: Any) -> dict[str, Any]:
-    from agentrig.data.collect import CollectConfig, expert_takes, has_repeat_detours, run_collect
+    from agentrig.data.collect import CollectConfig, expert_takes, run_collect
 
     from agentrig.envs import load_env
 
     out = root / "collect" / f"{name}.jsonl"
     env = load_env(cfg.env, cfg.tasks)
     renames = teacher == "expert" and bool(env.tool_aliases)  # an env without aliases: none
-    repeats = teacher == "expert" and has_repeat_detours(env)  # an expert without repeat detours: none
+    # an expert without repeat or mix-up detours (its expert() takes no such rate): none
+    repeats = teacher == "expert" and expert_takes(env, "repeat_rate")
     mixups = teacher == "expert" and expert_takes(env, "mixup_rate")
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,

@@ -209,11 +209,6 @@ def expert_takes(env: Any, param: str) -> bool:
     return param in inspect.signature(env.expert).parameters
 
 
-def has_repeat_detours(env: Any) -> bool:
-    """Whether the environment's expert takes `repeat_rate` (`--repeat-detours`)."""
-    return expert_takes(env, "repeat_rate")
-
-
 def _expert(env: Any, cfg: CollectConfig) -> Any:
     extra: dict[str, float] = {}
     for flag, kind, param, rate in (("--repeat-detours", "repeat", "repeat_rate", cfg.repeat_detours),

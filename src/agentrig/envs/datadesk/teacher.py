@@ -66,7 +66,6 @@ _MIXUPS = {"region": [("find_customer", "name", "customer"), ("find_product", "n
            "customer": [("find_product", "name", "product"), ("region_info", "region", "region"),
                         ("stock_level", "sku", "SKU")],
            "product": [("find_customer", "name", "customer"), ("stock_level", "sku", "SKU")]}
-_NO_MIXUP = {"no_tool", "sql_query"}  # they name nothing
 
 
 @dataclass
@@ -145,8 +144,7 @@ class EpisodeSolver:
         self.repeat = repeat_rate > 0 and self.repeat_rng.random() < repeat_rate
         # mix-up detours: their own RNG too; an episode with a detour keeps it and gets no mix-up
         self.mixup_rng = random.Random(f"teacher-mixup/{seed}/{task.id}")
-        self.mixup = (mixup_rate > 0 and self.mixup_rng.random() < mixup_rate and not self.detour
-                      and task.family not in _NO_MIXUP)
+        self.mixup = mixup_rate > 0 and self.mixup_rng.random() < mixup_rate and not self.detour
 
     # -- naming ---------------------------------------------------------------------------------
     def name(self, tool: str) -> str:
@@ -281,12 +279,13 @@ class EpisodeSolver:
     def _mixup(self, r: _Req) -> tuple[Action, str] | None:
         """The request's name sent to the look-up of another kind of thing (weight 0), and the sentence that
         puts it right: the mistake a student makes most (a region looked up as a customer or a product), as a
-        state to go on from. None when the first call names nothing, or no wrong look-up is offered."""
+        state to go on from. None when the first call names nothing (`no_tool`, `sql_query`'s `describe_table`), or no
+        wrong look-up is offered."""
         if r.tool not in _ENTITY_ARG:
             return None
         key, kind = _ENTITY_ARG[r.tool]
         value = r.args.get(key)
-        wrong = [(t, k, w) for t, k, w in _MIXUPS[kind] if t != r.tool and self.offers(t)]
+        wrong = [m for m in _MIXUPS[kind] if self.offers(m[0])]
         if not isinstance(value, str) or not wrong:
             return None
         tool, arg, wrong_kind = self.mixup_rng.choice(wrong)
