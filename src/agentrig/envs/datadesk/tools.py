@@ -26,9 +26,9 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
-from agentrig.envs.datadesk.db import REGIONS, open_readonly
+from agentrig.envs.datadesk.db import open_readonly
 from agentrig.harness.tools import Tool, tool
 
 NO_RESULT = "No result"
@@ -38,10 +38,6 @@ SQL_MAX_VALUE_BYTES = 100_000  # SQLite's own length limit: no string or blob ov
 SQL_MAX_COLUMNS = 64  # SQLite's column limit for a result (and any table or index it would read)
 SQL_MAX_RESULT_CHARS = 200_000  # rows are taken until their text passes this (the model is shown 4,000)
 REPORT_BODY_MAX = 2000
-# The region parameter's schema lists the database's regions (a closed set, as an API states it), so the tool
-# listing shows which names are regions: measured for the wrong-tool failures in docs/training.md (row 20).
-Region = Literal["North", "South", "East", "West", "Central", "Coastal", "Alpine", "Metro"]
-assert list(Region.__args__) == list(REGIONS), "Region must list db.REGIONS"
 
 # Tool names by family. TICKET_TOOLS are held out: only the test_unseen_tools split offers them.
 LOOKUP_TOOLS = ["find_customer", "list_orders", "sales_total", "top_products", "find_product", "stock_level",
@@ -420,16 +416,16 @@ class DatadeskAPI:
         """
         return self._lookup("list_orders", customer_id=customer_id, month=month)
 
-    def sales_total(self, region: Region, month: str) -> dict[str, Any] | str:
+    def sales_total(self, region: str, month: str) -> dict[str, Any] | str:
         """Total sales of a region in one month, in the region's currency.
 
         Args:
-            region: The region name.
+            region: The region name, e.g. "North".
             month: The month as YYYY-MM.
         """
         return self._lookup("sales_total", region=region, month=month)
 
-    def top_products(self, region: Region, month: str, limit: int = 3) -> dict[str, Any] | str:
+    def top_products(self, region: str, month: str, limit: int = 3) -> dict[str, Any] | str:
         """The best-selling products of a region in one month, by units sold.
 
         Args:
@@ -465,7 +461,7 @@ class DatadeskAPI:
         """
         return self._lookup("exchange_rate", from_currency=from_currency, to_currency=to_currency, month=month)
 
-    def region_info(self, region: Region) -> dict[str, Any] | str:
+    def region_info(self, region: str) -> dict[str, Any] | str:
         """A region's currency, manager e-mail and number of customers.
 
         Args:
