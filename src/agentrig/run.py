@@ -90,8 +90,8 @@ class Profile:
 
 PROFILES = {
     "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=200,
-                       batch_size=1, eval_limit=40, eval_max_new_tokens=160, base_eval_limit=10, detours=0.25,
-                       curve_points=3),  # base row: 10 tasks a split, ~2 minutes fewer (30-minute budget)
+                       batch_size=1, eval_limit=40, eval_max_new_tokens=160, base_eval_limit=20, detours=0.25,
+                       curve_points=3),
     "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=400,
                     batch_size=1, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
                     curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24, ttt_minutes=10.0,
