@@ -1,7 +1,8 @@
 """Row 4 of docs/training.md again, with only the training seed changed: how much of a row is the seed.
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
-    [--neftune ALPHA] [--mixup-detours SHARE] [--family-weights FAMILY=W,...]
+    [--neftune ALPHA] [--mixup-detours SHARE] [--family-weights FAMILY=W,...] [--learning-rate LR]
+    python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
 `TrainConfig.seed = N` (LoRA's initial weights and the row order; the data stay byte for byte the same), and the
@@ -10,7 +11,8 @@ evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and
 `--split test` evaluates one split only (40 tasks, about 5 minutes). `--episodes`, `--steps` and `--lora-layers` change
 the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); `--neftune` turns on NEFTune noise
 (`neftune_noise_alpha`); `--mixup-detours` sets the share of the teacher's mix-up detours (`collect
---mixup-detours`); `--family-weights` reweights the teacher's task families (`collect --family-weights`).
+--mixup-detours`); `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's peak learning rate. `--adapter DIR` skips collection
+and training and evaluates that adapter as the row would (the learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
 """
 import argparse
@@ -30,6 +32,8 @@ def main() -> None:
     ap.add_argument("--neftune", type=float, default=None, help="NEFTune alpha, neftune_noise_alpha (default: the profile's, off)")
     ap.add_argument("--mixup-detours", type=float, default=None, help="share of mix-up detours (default: the profile's, 0)")
     ap.add_argument("--family-weights", default="", help="task family draw weights, e.g. ranking=2 (default: none)")
+    ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
+    ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
     from agentrig import run
     from agentrig.data.collect import parse_family_weights
@@ -40,15 +44,20 @@ def main() -> None:
     prof = replace(prof, train_episodes=a.episodes or prof.train_episodes, sft_steps=a.steps or prof.sft_steps,
                    lora_num_layers=a.lora_layers or prof.lora_num_layers, neftune_alpha=a.neftune or prof.neftune_alpha,
                    mixup_detours=prof.mixup_detours if a.mixup_detours is None else a.mixup_detours,
-                   family_weights=tuple(parse_family_weights(a.family_weights).items()) or prof.family_weights)
+                   family_weights=tuple(parse_family_weights(a.family_weights).items()) or prof.family_weights,
+                   learning_rate=a.learning_rate or prof.learning_rate)
+    splits = a.split.split(",") if a.split else None
+    if a.adapter:
+        ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)
+        print(json.dumps({"adapter": a.adapter, "completion": ev["sft"]["metrics"]["completion"]}))
+        return
     collect = run._collect(cfg, prof, out)
     data = run._build(cfg, prof, out, [collect["episodes_file"]])
     sft = run._train(replace(cfg, seed=a.train_seed), prof, out, "sft", data["data_dir"], prof.sft_steps)
-    splits = a.split.split(",") if a.split else None
     ev = run._evaluate(cfg, prof, out, {"sft": sft["adapter"]}, ["sft"], splits=splits)
     summary = {"train_seed": a.train_seed, "episodes": prof.train_episodes, "steps": prof.sft_steps,
                "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
-               "mixup_detours": prof.mixup_detours,
+               "mixup_detours": prof.mixup_detours, "learning_rate": prof.learning_rate,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}
