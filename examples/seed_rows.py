@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--neftune", type=float, default=None, help="NEFTune alpha, neftune_noise_alpha (default: the profile's, off)")
     ap.add_argument("--mixup-detours", type=float, default=None, help="share of mix-up detours (default: the profile's, 0)")
     ap.add_argument("--family-weights", default="", help="task family draw weights, e.g. ranking=2 (default: none)")
+    ap.add_argument("--borrow-detours", type=float, default=None, help="share of detours with a borrowed field (default: 0)")
     ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
     ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
@@ -45,7 +46,8 @@ def main() -> None:
                    lora_num_layers=a.lora_layers or prof.lora_num_layers, neftune_alpha=a.neftune or prof.neftune_alpha,
                    mixup_detours=prof.mixup_detours if a.mixup_detours is None else a.mixup_detours,
                    family_weights=tuple(parse_family_weights(a.family_weights).items()) or prof.family_weights,
-                   learning_rate=a.learning_rate or prof.learning_rate)
+                   learning_rate=a.learning_rate or prof.learning_rate,
+                   borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
         ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)
@@ -58,6 +60,7 @@ def main() -> None:
     summary = {"train_seed": a.train_seed, "episodes": prof.train_episodes, "steps": prof.sft_steps,
                "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
                "mixup_detours": prof.mixup_detours, "learning_rate": prof.learning_rate,
+               "borrow_detours": prof.borrow_detours,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

@@ -73,6 +73,8 @@ def test_configs_validate_the_same_from_python_and_the_cli():
         CollectConfig(repeat_detours=1.5)
     with pytest.raises(ConfigError, match="--mixup-detours is a share"):
         CollectConfig(mixup_detours=-0.1)
+    with pytest.raises(ConfigError, match="--borrow-detours is a share"):
+        CollectConfig(borrow_detours=2.0)
     with pytest.raises(ConfigError, match="unknown profile"):
         RunConfig(profile="huge")
     assert main(["collect", "--episodes", "0", "--out", "/tmp/never.jsonl"]) == 2

@@ -263,6 +263,41 @@ def test_mixup_detour_sends_the_name_to_the_wrong_lookup_then_makes_the_right_ca
     assert seen >= 10 and same >= 10 and impossible >= 1, (seen, same, impossible)
 
 
+def test_borrowed_field_detour_sends_another_tools_field_then_the_corrected_call(env):
+    """A borrowed-field detour: the first call with one more field taken from another offered tool's signature
+    (weight 0), refused by the validator as an unexpected field that it names; then the corrected call, and the
+    episode goes on as the teacher's other detours do. Without one, the episode is unchanged."""
+    seen, same = 0, 0
+    for task in env.tasks("train", 60, seed=4):
+        runs = []
+        for rate in (0.0, 1.0):
+            tools, state = env.setup(task)
+            ep = run_episode(task, tools, ExpertTeacher(detour_rate=0.5, seed=3, borrow_rate=rate), HarnessConfig(),
+                             episode_id=task.id)
+            res = env.check(task, state, ep)
+            assert res.success, (task.id, task.family, ep.final_answer, res.reasons)
+            runs.append(ep)
+        plain, borrowed = runs
+        if [s.raw_output for s in plain.steps] == [s.raw_output for s in borrowed.steps]:
+            same += 1
+            continue
+        seen += 1
+        wrong, right = borrowed.steps[0], borrowed.steps[1]
+        assert wrong.weight == 0.0 and plain.steps[0].weight == 0.0  # only a detour step becomes a borrowed one
+        (call,) = wrong.calls
+        (fixed,) = [c for c in right.calls if c.name == call.name][:1]
+        extra = set(call.arguments) - set(fixed.arguments)
+        assert len(extra) == 1 and {k: call.arguments[k] for k in fixed.arguments} == fixed.arguments
+        (field,) = extra
+        schema = tools.get(call.name).parameters["properties"]
+        assert field not in schema and any(field in tools.get(t).parameters.get("properties", {})
+                                           for t in task.allowed_tools if t != call.name)
+        assert f"unexpected field {field}" in wrong.results[0].content
+        assert right.weight == 1.0 and right.text == "That call was rejected; here is the corrected one."
+        assert [s.raw_output for s in borrowed.steps[1:]] == [s.raw_output for s in plain.steps[1:]]
+    assert seen >= 8 and same >= 8, (seen, same)
+
+
 def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     from agentrig.data.collect import CollectConfig, _expert
     from agentrig.errors import ConfigError
@@ -270,6 +305,9 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="has no mix-up detours"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", mixup_detours=0.5))
     assert _expert(load_env("datadesk"), CollectConfig(mixup_detours=0.5)).mixup_rate == 0.5
+    with pytest.raises(ConfigError, match="has no borrowed-field detours"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", borrow_detours=0.5))
+    assert _expert(load_env("datadesk"), CollectConfig(borrow_detours=0.5)).borrow_rate == 0.5
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

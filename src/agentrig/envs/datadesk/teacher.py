@@ -127,7 +127,7 @@ class EpisodeSolver:
     """One episode's solver state: the generator, its RNG, the name mapping, and the tools offered."""
 
     def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0,
-                 mixup_rate: float = 0.0):
+                 mixup_rate: float = 0.0, borrow_rate: float = 0.0):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -145,6 +145,9 @@ class EpisodeSolver:
         # mix-up detours: their own RNG too; an episode with a detour keeps it and gets no mix-up
         self.mixup_rng = random.Random(f"teacher-mixup/{seed}/{task.id}")
         self.mixup = mixup_rate > 0 and self.mixup_rng.random() < mixup_rate and not self.detour
+        # borrowed-field detours: their own RNG, so the other detours stay as they were when the share is 0
+        self.borrow_rate = borrow_rate
+        self.borrow_rng = random.Random(f"teacher-borrow/{seed}/{task.id}")
 
     # -- naming ---------------------------------------------------------------------------------
     def name(self, tool: str) -> str:
@@ -262,8 +265,11 @@ class EpisodeSolver:
         return LOOKUPS[r.tool].shape(cols, rows)
 
     def _detour(self, r: _Req) -> Action:
-        """A wrong first step the harness rejects (weight 0): a bad argument or a tool outside the allowlist."""
+        """A wrong first step the harness rejects (weight 0): a bad argument, a field borrowed from another
+        offered tool's signature, or a tool outside the allowlist."""
         args = dict(r.args)
+        if self.borrow_rate and self.borrow_rng.random() < self.borrow_rate and (b := self._borrowed(r)) is not None:
+            return Action(text="", calls=[(r.tool, {**args, b[0]: b[1]})], weight=0.0)
         month_key = "month" if "month" in args else None
         if month_key and self.rng.random() < 0.6:
             y, m = args[month_key].split("-")
@@ -275,6 +281,28 @@ class EpisodeSolver:
         if args:
             args.pop(next(iter(args)))
         return Action(text="", calls=[(r.tool, args)], weight=0.0)
+
+    def _borrowed(self, r: _Req) -> tuple[str, Any] | None:
+        """A parameter of another offered tool that `r.tool` does not take, with a value it would accept there
+        (the mistake students make on neighbouring signatures: `month` on `region_info`, `limit` on
+        `sales_total`). Its name is this episode's; None when every offered parameter is this tool's too."""
+        own = self.schemas.get(self.name(r.tool), {}).get("properties", {})
+        renamed = set(self.param_names.get(r.tool, {}).values()) | set(r.args)
+        pool = sorted({(p, json.dumps(spec, sort_keys=True)) for t, schema in self.schemas.items()
+                       if t not in (self.name(r.tool), "note") for p, spec in schema.get("properties", {}).items()
+                       if p not in own and p not in renamed})
+        if not pool:
+            return None
+        name, spec = self.borrow_rng.choice(pool)
+        spec = json.loads(spec)
+        if spec.get("enum"):
+            return name, spec["enum"][0]
+        if spec.get("type") in ("integer", "number"):
+            return name, 5
+        if "\\d{4}" in spec.get("pattern", ""):
+            return name, str(self.params.get("month") or self.params.get("month_a") or "2024-06")
+        strings = [v for v in r.args.values() if isinstance(v, str)]
+        return name, strings[0] if strings else "North"
 
     def _mixup(self, r: _Req) -> tuple[Action, str] | None:
         """The request's name sent to the look-up of another kind of thing (weight 0), and the sentence that
@@ -637,8 +665,9 @@ class ExpertTeacher:
     """The datadesk expert as a harness policy (`generate(request) -> PolicyReply`)."""
 
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
-                 repeat_rate: float = 0.0, mixup_rate: float = 0.0):
+                 repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0):
         self.detour_rate = detour_rate
+        self.borrow_rate = borrow_rate
         self.repeat_rate = repeat_rate
         self.mixup_rate = mixup_rate
         self.seed = seed
@@ -650,7 +679,8 @@ class ExpertTeacher:
         """The next step of this episode's solver, written in the output protocol."""
         key = request.episode_id or request.task.id
         if request.step == 0 or key not in self._live:
-            ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate)
+            ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate,
+                               self.borrow_rate)
             action = next(ep.gen)
         else:
             ep, prev = self._live[key]
