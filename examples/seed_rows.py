@@ -1,7 +1,8 @@
 """Row 4 of docs/training.md again, with only the training seed changed: how much of a row is the seed.
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
-    [--neftune ALPHA] [--mixup-detours SHARE] [--family-weights FAMILY=W,...] [--learning-rate LR]
+    [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
+    [--learning-rate LR]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -11,8 +12,10 @@ evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and
 `--split test` evaluates one split only (40 tasks, about 5 minutes). `--episodes`, `--steps` and `--lora-layers` change
 the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); `--neftune` turns on NEFTune noise
 (`neftune_noise_alpha`); `--mixup-detours` sets the share of the teacher's mix-up detours (`collect
---mixup-detours`); `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's peak learning rate. `--adapter DIR` skips collection
-and training and evaluates that adapter as the row would (the learning-rate sweep's control on `dev`).
+--mixup-detours`), `--borrow-detours` that of its borrowed-field detours (`collect --borrow-detours`);
+`--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's
+peak learning rate. `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
+learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
 """
 import argparse

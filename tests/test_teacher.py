@@ -226,6 +226,21 @@ def test_repeat_detours_on_an_expert_without_them_is_a_clear_error():
     assert _expert(load_env("datadesk"), CollectConfig(repeat_detours=0.5)).repeat_rate == 0.5
 
 
+def _without_and_with(env, tasks, option, **teacher):
+    """Each task run through the harness by the expert with `option` at 0 and at 1 (the rest of its settings in
+    `teacher`), both checked successful: yields (task, the second run's tools, the plain episode, the other)."""
+    for task in tasks:
+        runs = []
+        for rate in (0.0, 1.0):
+            tools, state = env.setup(task)
+            expert = ExpertTeacher(**teacher, **{option: rate})
+            ep = run_episode(task, tools, expert, HarnessConfig(), episode_id=task.id)
+            res = env.check(task, state, ep)
+            assert res.success, (task.id, task.family, ep.final_answer, res.reasons)
+            runs.append(ep)
+        yield task, tools, runs[0], runs[1]
+
+
 def test_mixup_detour_sends_the_name_to_the_wrong_lookup_then_makes_the_right_call(env):
     """A mix-up detour: the request's region, customer or product name sent to the look-up of another kind of thing
     that the task offers (weight 0, really executed: "No result"), then a supervised step that says what the name is
@@ -233,16 +248,7 @@ def test_mixup_detour_sends_the_name_to_the_wrong_lookup_then_makes_the_right_ca
     from agentrig.envs.datadesk.teacher import _ENTITY_ARG
 
     seen, same, impossible = 0, 0, 0
-    for task in env.tasks("train", 80, seed=4):
-        runs = []
-        for rate in (0.0, 1.0):
-            tools, state = env.setup(task)
-            ep = run_episode(task, tools, ExpertTeacher(detour_rate=0.2, mixup_rate=rate), HarnessConfig(),
-                             episode_id=task.id)
-            res = env.check(task, state, ep)
-            assert res.success, (task.id, task.family, ep.final_answer, res.reasons)
-            runs.append(ep)
-        plain, mixed = runs
+    for task, _, plain, mixed in _without_and_with(env, env.tasks("train", 80, seed=4), "mixup_rate", detour_rate=0.2):
         if [s.raw_output for s in plain.steps] == [s.raw_output for s in mixed.steps]:
             same += 1
             continue
@@ -268,16 +274,8 @@ def test_borrowed_field_detour_sends_another_tools_field_then_the_corrected_call
     (weight 0), refused by the validator as an unexpected field that it names; then the corrected call, and the
     episode goes on as the teacher's other detours do. Without one, the episode is unchanged."""
     seen, same = 0, 0
-    for task in env.tasks("train", 60, seed=4):
-        runs = []
-        for rate in (0.0, 1.0):
-            tools, state = env.setup(task)
-            ep = run_episode(task, tools, ExpertTeacher(detour_rate=0.5, seed=3, borrow_rate=rate), HarnessConfig(),
-                             episode_id=task.id)
-            res = env.check(task, state, ep)
-            assert res.success, (task.id, task.family, ep.final_answer, res.reasons)
-            runs.append(ep)
-        plain, borrowed = runs
+    tasks = env.tasks("train", 60, seed=4)
+    for task, tools, plain, borrowed in _without_and_with(env, tasks, "borrow_rate", detour_rate=0.5, seed=3):
         if [s.raw_output for s in plain.steps] == [s.raw_output for s in borrowed.steps]:
             same += 1
             continue

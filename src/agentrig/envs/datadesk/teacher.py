@@ -286,11 +286,11 @@ class EpisodeSolver:
         """A parameter of another offered tool that `r.tool` does not take, with a value it would accept there
         (the mistake students make on neighbouring signatures: `month` on `region_info`, `limit` on
         `sales_total`). Its name is this episode's; None when every offered parameter is this tool's too."""
-        own = self.schemas.get(self.name(r.tool), {}).get("properties", {})
-        renamed = set(self.param_names.get(r.tool, {}).values()) | set(r.args)
+        # this tool's fields under the episode's names and, since `to_call` renames them, under the canonical ones
+        taken = set(self.schemas.get(self.name(r.tool), {}).get("properties", {})) | set(r.args)
         pool = sorted({(p, json.dumps(spec, sort_keys=True)) for t, schema in self.schemas.items()
                        if t not in (self.name(r.tool), "note") for p, spec in schema.get("properties", {}).items()
-                       if p not in own and p not in renamed})
+                       if p not in taken})
         if not pool:
             return None
         name, spec = self.borrow_rng.choice(pool)
