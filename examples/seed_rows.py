@@ -2,7 +2,7 @@
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
-    [--learning-rate LR]
+    [--learning-rate LR] [--prompt-no-grad]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -14,7 +14,8 @@ the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); 
 (`neftune_noise_alpha`); `--mixup-detours` sets the share of the teacher's mix-up detours (`collect
 --mixup-detours`), `--borrow-detours` that of its borrowed-field detours (`collect --borrow-detours`);
 `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's
-peak learning rate. `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
+peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample's context without gradient).
+`--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
 """
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--family-weights", default="", help="task family draw weights, e.g. ranking=2 (default: none)")
     ap.add_argument("--borrow-detours", type=float, default=None, help="share of detours with a borrowed field (default: 0)")
     ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
+    ap.add_argument("--prompt-no-grad", action="store_true", help="SFT with prompt_no_grad (default: the profile's)")
     ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
     from agentrig import run
@@ -50,6 +52,7 @@ def main() -> None:
                    mixup_detours=prof.mixup_detours if a.mixup_detours is None else a.mixup_detours,
                    family_weights=tuple(parse_family_weights(a.family_weights).items()) or prof.family_weights,
                    learning_rate=a.learning_rate or prof.learning_rate,
+                   prompt_no_grad=a.prompt_no_grad or prof.prompt_no_grad,
                    borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
@@ -63,7 +66,7 @@ def main() -> None:
     summary = {"train_seed": a.train_seed, "episodes": prof.train_episodes, "steps": prof.sft_steps,
                "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
                "mixup_detours": prof.mixup_detours, "learning_rate": prof.learning_rate,
-               "borrow_detours": prof.borrow_detours,
+               "borrow_detours": prof.borrow_detours, "prompt_no_grad": prof.prompt_no_grad,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

@@ -66,6 +66,7 @@ class Profile:
     learning_rate: float = 1.0e-3  # LoRA's best rate is ~10x full fine-tuning's; 2e-4 barely moved the loss here
     lora_num_layers: int | None = None  # LoRA on the last N decoder layers (None: all); cheaper steps, docs/training.md
     neftune_alpha: float | None = None  # NEFTune noise on the input embeddings while training (None: off), docs/training.md
+    prompt_no_grad: bool = False  # each sample's context encoded without gradient (TrainConfig.prompt_no_grad)
     # relative draw weights of the primary environment's task families (collect --family-weights; others 1.0)
     family_weights: tuple[tuple[str, float], ...] = ()
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
@@ -307,6 +308,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
     tcfg = TrainConfig(dataset=dataset, model_name_or_path=cfg.model, stage=stage, output_dir=str(root / stage),
                        lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_target=prof.lora_target,
                        lora_num_layers=prof.lora_num_layers, neftune_noise_alpha=prof.neftune_alpha,
+                       prompt_no_grad=prof.prompt_no_grad,
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),

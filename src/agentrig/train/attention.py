@@ -10,7 +10,7 @@ sample with `is_causal=True` (grouped-query heads via `enable_gqa`), the CPU ana
 varlen path. The result equals the masked computation (tested against it); it is faster and holds no
 O(seq^2) tensors. Anything this path does not cover falls back to transformers' own SDPA function with
 its mask: a padding mask, a KV cache (queries shorter than keys), no position ids, soft-capping,
-attention sinks, position biases.
+attention sinks, position biases. `prompt_no_grad`'s two passes (`context.py`) come through here too.
 
 `use_packed_attention(model)` switches a loaded model to it, when the architecture is plain causal
 attention (no sliding window shorter than `max_len`, no soft-capping); it returns whether it did.
@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 NAME = "agentrig_packed"
+CONTEXT_KWARG = "agentrig_context"  # context.py's two passes reach this function under this keyword
 _registered = False
 
 
@@ -47,6 +48,11 @@ def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     import torch.nn.functional as F
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    context = kwargs.get(CONTEXT_KWARG)
+    if context is not None:  # the two passes of `prompt_no_grad` (context.py)
+        from agentrig.train.context import attend
+
+        return attend(context, module, query, key, value, dropout, scaling).transpose(1, 2).contiguous(), None
     position_ids = kwargs.get("position_ids")
     special = any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window"))
     if (attention_mask is not None or position_ids is None or special or query.shape[2] != key.shape[2]

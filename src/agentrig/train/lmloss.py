@@ -21,9 +21,15 @@ from typing import Any
 from agentrig.data.render import IGNORE_INDEX
 
 
-def add_supervised_head(model: Any) -> Any:
-    """Patch a `*ForCausalLM` (before PEFT wraps it) to accept `supervised_labels`; returns the model."""
+def add_supervised_head(model: Any, prompt_no_grad: bool = False) -> Any:
+    """Patch a `*ForCausalLM` (before PEFT wraps it) to accept `supervised_labels`; returns the model.
+
+    `prompt_no_grad`: encode each sample's context before its first supervised token without gradient, in a
+    pass of its own (`context.py`; needs agentrig's packed attention). The returned values are the same.
+    """
     import torch.nn.functional as F
+
+    from agentrig.train import context
 
     original_forward = model.forward
 
@@ -37,12 +43,19 @@ def add_supervised_head(model: Any) -> Any:
         # Without a cache (use_cache=False), transformers turns position-id restarts into a block-diagonal
         # mask; with one, it silently falls back to plain causal attention across packed samples.
         kwargs["use_cache"] = False
-        hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
         targets = supervised_labels[:, 1:]
         mask = targets != IGNORE_INDEX
+        if prompt_no_grad and bool(mask.any()):
+            hidden, labels = context.forward(self.get_decoder(), kwargs["input_ids"], supervised_labels,
+                                             kwargs["position_ids"])
+            targets = labels[:, 1:]
+            at = targets != IGNORE_INDEX
+        else:
+            hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
+            at = mask
         head = self.get_output_embeddings()
-        logits = head(hidden[:, :-1][mask]).float()
-        token_logps = -F.cross_entropy(logits, targets[mask], reduction="none")
+        logits = head(hidden[:, :-1][at]).float()
+        token_logps = -F.cross_entropy(logits, targets[at], reduction="none")
         return {"token_logps": token_logps, "mask": mask}
 
     model.forward = types.MethodType(forward, model)

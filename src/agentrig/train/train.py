@@ -138,14 +138,16 @@ def _setup_model(config: TrainConfig) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot load model {config.model_name_or_path!r} offline: {exc}") from None
     model.config.use_cache = False
-    if config.flash_attn == "auto":
-        use_packed_attention(model, config.max_seq_length)
+    if config.flash_attn == "auto" and not use_packed_attention(model, config.max_seq_length) and config.prompt_no_grad:
+        raise ConfigError(f"prompt_no_grad: {config.model_name_or_path}'s attention is not plain causal attention "
+                          "(a sliding window, soft-capping or other layer types), so agentrig's packed attention "
+                          "cannot take it; drop prompt_no_grad for this model")
     # A quantized base keeps its other weights (embeddings, norms, head) in the compute dtype, as LLaMA-Factory
     # does, rather than PEFT's prepare_model_for_kbit_training, which casts them to fp32: for a 7B model with a
     # 152k vocabulary that is ~4 GB more on a 24 GB card. The norms compute in fp32 anyway, the head's
     # log-softmax too (lmloss.py).
     fuse_gated_mlps(model)
-    return add_supervised_head(model)
+    return add_supervised_head(model, prompt_no_grad=config.prompt_no_grad)
 
 
 def _compute_dtype(config: TrainConfig) -> str:

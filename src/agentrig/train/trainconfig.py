@@ -136,6 +136,11 @@ class TrainConfig:
         "attention: `auto` (agentrig's per-sample SDPA for packed rows where the architecture allows, else "
         "transformers' SDPA), `sdpa` (transformers' SDPA with a block-diagonal mask), `disabled` (eager), "
         "`fa2`/`fa3` (flash-attention 2/3: a CUDA GPU and the flash-attn package)"))
+    prompt_no_grad: bool = field(default=False, metadata=_help(
+        "encode each sample's context (the tokens before its first supervised one: system prompt, tools, request) "
+        "in a pass without gradient and train on the rest, which attends to it (train/context.py): the same "
+        "forward, no gradient through the context's keys and values, about half the step time on the main job's "
+        "data (benchmarks/prompt_no_grad.py); needs flash_attn auto on a plain causal-attention model"))
     deepspeed: str | None = field(default=None, metadata=_help(
         "a DeepSpeed JSON config, handed to accelerate through TrainingArguments (launch with `accelerate "
         "launch` or `deepspeed`)"))
@@ -391,6 +396,9 @@ def _validate(config: TrainConfig) -> None:
     if "none" in _names(config.report_to) and config.reporters():
         raise ConfigError(f"report_to {config.report_to!r}: `none` cannot be listed with others")
     _one_of("flash_attn", config.flash_attn, ATTENTION)
+    if config.prompt_no_grad and config.flash_attn != "auto":
+        raise ConfigError(f"prompt_no_grad needs agentrig's packed attention (flash_attn: auto), not flash_attn "
+                          f"{config.flash_attn!r}: set flash_attn auto, or drop prompt_no_grad")
     if config.bf16 and config.fp16:
         raise ConfigError("bf16 and fp16 are both true: choose one (bf16 where the GPU has it)")
     _validate_quantization(config)
