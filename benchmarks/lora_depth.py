@@ -31,39 +31,48 @@ def build_default_data(work: Path) -> str:
     return run._build(cfg, prof, work, [episodes["episodes_file"]])["data_dir"]
 
 
-def time_depth(data: str, layers: int | None, steps: int, work: Path) -> dict[str, float]:
+def time_steps(data: str, steps: int, folder: Path, **overrides: object) -> dict[str, float]:
+    """The main job's SFT recipe on `data` for `steps` steps in `folder`, with `overrides` of its TrainConfig:
+    seconds a step after the first, tokens/s and the first step's loss."""
     from agentrig import run
     from agentrig.train.train import run_train
     from agentrig.train.trainconfig import TrainConfig
 
     prof = run.PROFILES["default"]
-    config = TrainConfig(dataset=data, model_name_or_path="smollm2-135m", output_dir=str(work / f"depth-{layers}"),
-                         lora_rank=run.LORA_RANK, lora_alpha=run.LORA_ALPHA, lora_target=prof.lora_target,
-                         lora_num_layers=layers, learning_rate=prof.learning_rate, warmup_ratio=0.05,
-                         per_device_train_batch_size=1, max_seq_length=prof.max_seq_length, max_steps=steps,
-                         save_steps=10_000, packing=True, seed=0)
+    config = TrainConfig(**{**dict(
+        dataset=data, model_name_or_path="smollm2-135m", output_dir=str(folder), lora_rank=run.LORA_RANK,
+        lora_alpha=run.LORA_ALPHA, lora_target=prof.lora_target, learning_rate=prof.learning_rate, warmup_ratio=0.05,
+        per_device_train_batch_size=1, max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=10_000,
+        packing=True, seed=0), **overrides})
     clock = step_clock()
     result = run_train(config, callbacks=[clock])
     per_step = (clock.marks[-1] - clock.marks[0]) / (len(clock.marks) - 1)
-    tokens_per_step = result.tokens / steps
-    return {"seconds_per_step": per_step, "tokens_per_s": tokens_per_step / per_step}
+    return {"seconds_per_step": per_step, "tokens_per_s": result.tokens / steps / per_step,
+            "first_loss": result.loss_history[0]["loss"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_arguments(description: str, what: str) -> argparse.Namespace:
+    """`--data` and `--steps` (at least 3: one warm-up step and two to time), parsed."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", help="an `agentrig data build` folder (default: build the default profile's data)")
-    ap.add_argument("--steps", type=int, default=8, help="optimizer steps per depth (the first is warm-up)")
-    ap.add_argument("--layers", default="10,15,20", help="comma-separated depths to time against every layer")
+    ap.add_argument("--steps", type=int, default=8, help=f"optimizer steps {what} (the first is warm-up)")
+    if what == "per depth":
+        ap.add_argument("--layers", default="10,15,20", help="comma-separated depths to time against every layer")
     a = ap.parse_args()
     if a.steps < 3:
         ap.error("--steps must be at least 3: the first step is warm-up and two more make a step time")
+    return a
+
+
+def main() -> None:
+    a = step_arguments(__doc__.splitlines()[0], "per depth")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = a.data or build_default_data(work)
-        full = time_depth(data, None, a.steps, work)
+        full = time_steps(data, a.steps, work / "depth-all")
         print(f"every layer (peer): {full['seconds_per_step']:.2f} s a step, {full['tokens_per_s']:.0f} tokens/s")
         for n in (int(x) for x in a.layers.split(",")):
-            row = time_depth(data, n, a.steps, work)
+            row = time_steps(data, a.steps, work / f"depth-{n}", lora_num_layers=n)
             print(f"last {n} layers: {row['seconds_per_step']:.2f} s a step, {row['tokens_per_s']:.0f} tokens/s; "
                   f"{full['seconds_per_step'] / row['seconds_per_step']:.2f}x the steps a minute")
 
