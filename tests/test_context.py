@@ -114,6 +114,9 @@ def test_split_cuts_before_the_first_supervised_target():
     assert parts.rest_positions.tolist() == [[2, 3, 4, 5, 0, 1, 2, 3, 4]]
     assert parts.rest_labels.tolist() == [[-100, 13, 14, 15, -100, 31, 32, 33, 34]]
     assert parts.context.prefix_spans == [(0, 2), (2, 2)] and parts.context.rest_spans == [(0, 4), (4, 9)]
+    labels[0, 10] = 30  # the third sample's first label supervised: its target would cross samples
+    with pytest.raises(ValueError, match="first label is supervised"):
+        split_batch(ids, labels, pos)
 
 
 def test_gradient_checkpointing_recomputes_the_same_passes(smol_tokenizer):

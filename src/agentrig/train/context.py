@@ -58,6 +58,7 @@ def split_batch(input_ids: Any, labels: Any, position_ids: Any) -> Split:
 
     The hidden state that predicts the first supervised label is the token before it, so that token starts
     the rest. Samples are taken row by row, in order, so the supervised positions keep their row-major order.
+    A sample whose first label is supervised is refused (its target would cross samples in either layout).
     """
     import torch
 
@@ -74,7 +75,10 @@ def split_batch(input_ids: Any, labels: Any, position_ids: Any) -> Split:
             supervised = (labels[b, s:e] != IGNORE_INDEX).nonzero()
             if not len(supervised):
                 continue
-            cut = s + max(int(supervised[0]) - 1, 0)
+            if int(supervised[0]) == 0:  # packing.py and dpo.py mask every sample's first label
+                raise ValueError("prompt_no_grad: a sample's first label is supervised, so it would be predicted "
+                                 "from the previous sample's last token; mask it (-100), as agentrig's rows do")
+            cut = s + int(supervised[0]) - 1
             prefix_idx.append(flat[b, s:cut])
             rest_idx.append(flat[b, cut:e])
             prefix_spans.append((p, p + cut - s))
