@@ -435,7 +435,9 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"{stages['data']['samples']} samples, SFT {stages['sft']['steps']} steps"
         + (f", DPO {stages['dpo']['steps']} steps on {_used_pairs(stages['pairs'])}" if "dpo" in stages else ""),
         f"SFT recipe: LoRA r{LORA_RANK}/alpha{LORA_ALPHA} on {prof.lora_target} linear layers, learning rate {prof.learning_rate:g}, cosine, "
-        f"{prof.batch_size} packed row(s) of {prof.max_seq_length} tokens per step; detours {prof.detours}, "
+        f"{prof.batch_size} packed row(s) of {prof.max_seq_length} tokens per step"
+        + (", each sample's context without gradient (prompt_no_grad)" if prof.prompt_no_grad else "")
+        + f"; detours {prof.detours}, "
         f"tool listing {prof.tool_listing}",
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "
         f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy, injected tool-fault rate {prof.eval_faults}",
