@@ -48,8 +48,10 @@ def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     import torch.nn.functional as F
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    context = kwargs.get(CONTEXT_KWARG)
-    if context is not None:  # the two passes of `prompt_no_grad` (context.py)
+    context = kwargs.get(CONTEXT_KWARG)  # `prompt_no_grad`'s two passes (context.py)
+    if context is not None and context.recording:
+        context.kv[id(module)] = (key, value)  # the context pass: kept, then attended as any packed row
+    elif context is not None:
         from agentrig.train.context import attend
 
         return attend(context, module, query, key, value, dropout, scaling).transpose(1, 2).contiguous(), None

@@ -1,20 +1,21 @@
 """Stop-gradient context: each packed sample's prompt encoded once without gradient (`prompt_no_grad`).
 
 In an agent's SFT row most tokens are context: the system prompt with its tool listing and the user's request
-come before the first supervised token and carry no loss (58% of the default profile's tokens). Their backward
+come before the first supervised token and carry no loss (63% of the default profile's tokens). Their backward
 pass is still paid in full, because later tokens attend to their keys and values and LoRA changes those. With
 `prompt_no_grad: true` the forward runs in two passes, split in each sample at the token before its first
 supervised label:
 
-1. the context tokens of every sample, under `torch.no_grad`, keeping each layer's keys and values
-   (`record`); nothing of this pass is kept for backward;
+1. the context tokens of every sample, under `torch.no_grad`, as an ordinary packed row whose keys and values
+   each layer keeps; nothing of this pass is kept for backward;
 2. the remaining tokens with gradient, each sample's queries attending to its own kept context (every
    position) and causally to its own tokens (`attend`).
 
 The logits are the one-pass forward's (tested against it); the gradient leaves out one path, how LoRA changes
 the context's keys and values, as Transformer-XL's stop-gradient memory does across segments (Dai et al.,
-2019). What it buys is the context's backward pass: on the default profile's data a step takes about half the
-time (`benchmarks/prompt_no_grad.py`). Samples without a supervised token (the pad tail) are dropped from
+2019). What it buys is the context's backward pass, less than its share suggests since the supervised tokens
+still attend to every context position: on the default profile's data 1.1-1.27x the steps a minute
+(`benchmarks/prompt_no_grad.py`, docs/benchmarks.md). Samples without a supervised token (the pad tail) are dropped from
 both passes: nothing attends to them and they carry no loss.
 
 The passes reach the attention function through a keyword argument (`agentrig_context`), which transformers
@@ -94,21 +95,16 @@ def split_batch(input_ids: Any, labels: Any, position_ids: Any) -> Split:
 
 def attend(ctx: Context, module: Any, query: Any, key: Any, value: Any, dropout: float,
            scaling: float | None) -> Any:
-    """Attention of one layer in either pass; returns (batch, heads, seq, dim) like SDPA."""
+    """One layer's attention in the rest pass: each sample's queries over its kept context and, causally, its own
+    tokens; returns (batch, heads, seq, dim) like SDPA. (The context pass is ordinary packed attention.)"""
     import torch
     import torch.nn.functional as F
 
     gqa = query.shape[1] != key.shape[1]
-    spans = ctx.prefix_spans if ctx.recording else ctx.rest_spans
-    if ctx.recording:
-        ctx.kv[id(module)] = (key, value)
     parts = []
-    for i, (s, e) in enumerate(spans):
-        if s == e:
-            continue
+    for (s, e), (ps, pe) in zip(ctx.rest_spans, ctx.prefix_spans):
         q, k, v = query[:, :, s:e], key[:, :, s:e], value[:, :, s:e]
-        ps, pe = ctx.prefix_spans[i]
-        if ctx.recording or ps == pe:
+        if ps == pe:
             parts.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
                                                         enable_gqa=gqa))
             continue

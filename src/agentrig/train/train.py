@@ -138,7 +138,8 @@ def _setup_model(config: TrainConfig) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot load model {config.model_name_or_path!r} offline: {exc}") from None
     model.config.use_cache = False
-    if config.flash_attn == "auto" and not use_packed_attention(model, config.max_seq_length) and config.prompt_no_grad:
+    packed = config.flash_attn == "auto" and use_packed_attention(model, config.max_seq_length)
+    if config.prompt_no_grad and not packed:
         raise ConfigError(f"prompt_no_grad: {config.model_name_or_path}'s attention is not plain causal attention "
                           "(a sliding window, soft-capping or other layer types), so agentrig's packed attention "
                           "cannot take it; drop prompt_no_grad for this model")

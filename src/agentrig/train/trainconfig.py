@@ -139,8 +139,8 @@ class TrainConfig:
     prompt_no_grad: bool = field(default=False, metadata=_help(
         "encode each sample's context (the tokens before its first supervised one: system prompt, tools, request) "
         "in a pass without gradient and train on the rest, which attends to it (train/context.py): the same "
-        "forward, no gradient through the context's keys and values, about half the step time on the main job's "
-        "data (benchmarks/prompt_no_grad.py); needs flash_attn auto on a plain causal-attention model"))
+        "forward, no gradient through the context's keys and values, 1.1-1.27x the steps a minute on the main "
+        "job's data (benchmarks/prompt_no_grad.py); needs flash_attn auto on a plain causal-attention model"))
     deepspeed: str | None = field(default=None, metadata=_help(
         "a DeepSpeed JSON config, handed to accelerate through TrainingArguments (launch with `accelerate "
         "launch` or `deepspeed`)"))
