@@ -1,4 +1,6 @@
-"""The gated MLP's `silu(gate) * up` as one autograd node that saves only its two inputs.
+"""Training ops fused for speed, with the same values and gradients: the gated MLP and the LoRA linear.
+
+**Gated MLP.** `silu(gate) * up` as one autograd node that saves only its two inputs.
 
 In a Llama-style MLP, `down(silu(gate(x)) * up(x))` leaves three (tokens x intermediate) tensors for
 backward: `gate(x)` for the SiLU, and `silu(gate(x))` and `up(x)` for the product; SmolLM2's intermediate
@@ -9,6 +11,17 @@ which drops one of the three. Values and gradients equal the unfused expression 
 `fuse_gated_mlps(model)` rebinds the `forward` of every MLP module that has `gate_proj`, `up_proj`,
 `down_proj` and a SiLU activation (Llama, Mistral, Qwen2/3, SmolLM); PEFT's LoRA layers on those
 projections still run, since the module's own projections are called. Returns how many were fused.
+
+**LoRA linear.** PEFT's `lora.Linear.forward` computes `result + lora_B(lora_A(dropout(x))) * scaling` with
+the input cast to the adapter's dtype (fp32) first. Under CPU bf16 autocast that is, per adapted layer and
+step, a cast of the input to fp32 and back to bf16, then a separate scale and add over the layer's whole
+output, each again in backward: on SmolLM2 with LoRA on every linear layer, about a tenth of a training step
+(`benchmarks/fused_ops.py`). `fuse_lora_linears(model)` rebinds every plain `lora.Linear`'s forward to cast
+the input once and fold the scale and the add into the second matmul (`addmm(result, x A^T, B^T, alpha=s)`),
+which computes the same thing: in fp32 equal up to summation order (tested), under bf16 autocast with one
+rounding of the sum instead of three (the scaled product, then the add). Anything else (dropout, DoRA or other
+variants, several active adapters, merged or disabled adapters, mixed-batch adapter names, quantized
+layers, which are other classes) runs PEFT's own forward.
 """
 
 from __future__ import annotations
@@ -76,5 +89,37 @@ def fuse_gated_mlps(model: Any) -> int:
                 hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")) and _is_silu(
                 getattr(module, "act_fn", None)):
             module.forward = types.MethodType(_fused_forward, module)
+            fused += 1
+    return fused
+
+
+def _lora_forward(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """`lora.Linear.forward` for one plain adapter: one input cast, scale and add inside `addmm`."""
+    import torch
+    import torch.nn.functional as F
+
+    name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
+    if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
+            or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)):
+        return type(self).forward(self, x, *args, **kwargs)
+    device, weight = x.device.type, self.lora_A[name].weight
+    if torch.is_autocast_enabled(device):
+        x = x.to(torch.get_autocast_dtype(device))  # once, for the base layer and lora_A both
+    result = self.base_layer(x)
+    down = F.linear(x if torch.is_autocast_enabled(device) else x.to(weight.dtype), weight)
+    up = self.lora_B[name].weight.t().to(down.dtype)
+    out = torch.addmm(result.reshape(-1, result.shape[-1]).to(down.dtype), down.reshape(-1, down.shape[-1]), up,
+                      alpha=self.scaling[name])
+    return out.view(*result.shape[:-1], out.shape[-1]).to(result.dtype)
+
+
+def fuse_lora_linears(model: Any) -> int:
+    """Rebind the forward of every plain PEFT `lora.Linear` in `model` (see the module docstring); how many."""
+    from peft.tuners.lora.layer import Linear
+
+    fused = 0
+    for module in model.modules():
+        if type(module) is Linear:
+            module.forward = types.MethodType(_lora_forward, module)
             fused += 1
     return fused

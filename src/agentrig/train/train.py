@@ -11,7 +11,8 @@ config with DDP, FSDP or DeepSpeed (see docs/training.md).
 Where the speed comes from on CPU: best-fit packing with per-sample position ids (no padding, no
 cross-sample attention; `packing.py`), causal attention per sample with the fused SDPA kernel instead of
 a block-diagonal mask (`attention.py`), the gated MLP's activation saving two tensors instead of three
-(`fused.py`), the LM head and loss only at supervised positions (`lmloss.py`),
+(`fused.py`), LoRA's scale and add inside its second matmul with one input cast (`fused.py`), the LM head
+and loss only at supervised positions, chunked, with the logits made again in backward (`lmloss.py`),
 no gradient checkpointing by default (it recomputes the forward; CPU RAM is not the limit for small models), and
 bf16 mixed precision wherever the hardware has it natively, CPUs with AVX512-BF16 or AMX included (~2x
 per step there; `bf16: false` trains in fp32).
@@ -290,6 +291,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
     from trl import SFTConfig
 
     from agentrig.train.attention import NAME as PACKED_ATTENTION
+    from agentrig.train.fused import fuse_lora_linears
     from agentrig.train.packing import RowCollator, pack_rows, packing_stats
 
     data = _setup_sft_data(config)
@@ -325,6 +327,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         eval_dataset=Dataset.from_list(val_rows) if val_rows else None, processing_class=tokenizer,
         data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
         peft_config=peft_config, meter=meter)
+    fuse_lora_linears(trainer.model)  # SFTTrainer has wrapped the model in PEFT by now
     return trainer, stats, data.card
 
 
@@ -339,6 +342,7 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     from transformers import TrainingArguments
 
     from agentrig.train.dpo import PairCollator, compute_logps, dpo_trainer_class, load_pairs
+    from agentrig.train.fused import fuse_lora_linears
     from agentrig.train.trainlog import progress_bar
 
     sources, val_sources = check_sources(config)
@@ -354,6 +358,7 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
 
     with quiet_loading():  # PEFT's is_gradient_checkpointing deprecation on every adapter load
         model = PeftModel.from_pretrained(_setup_model(config), config.adapter_name_or_path, is_trainable=True)
+    fuse_lora_linears(model)  # before the reference log-probs, so they come from the same forward as training's
     _check_vocab(max(max(p.prompt_ids + p.chosen_ids + p.rejected_ids) for p in pairs + data.val), model,
                  config.dataset)
     # The reference: the SFT adapter exactly as loaded, before any update (a frozen copy by construction).
