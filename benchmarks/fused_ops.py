@@ -29,14 +29,11 @@ from lora_depth import build_default_data, time_steps  # this folder is on sys.p
 @contextlib.contextmanager
 def unfused() -> Iterator[None]:
     """The peer: PEFT's LoRA forward and autograd's head while inside."""
-    import torch.nn.functional as F
-
     from agentrig.train import fused, lmloss
 
     saved = fused.fuse_lora_linears, lmloss.head_logps
     fused.fuse_lora_linears = lambda model: 0
-    lmloss.head_logps = lambda head, hidden, targets: -F.cross_entropy(head(hidden).float(), targets,
-                                                                        reduction="none")
+    lmloss.head_logps = lmloss.autograd_head_logps
     try:
         yield
     finally:

@@ -103,10 +103,11 @@ def _lora_forward(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
             or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)):
         return type(self).forward(self, x, *args, **kwargs)
     device, weight = x.device.type, self.lora_A[name].weight
-    if torch.is_autocast_enabled(device):
+    autocast = torch.is_autocast_enabled(device)
+    if autocast:
         x = x.to(torch.get_autocast_dtype(device))  # once, for the base layer and lora_A both
     result = self.base_layer(x)
-    down = F.linear(x if torch.is_autocast_enabled(device) else x.to(weight.dtype), weight)
+    down = F.linear(x if autocast else x.to(weight.dtype), weight)  # PEFT casts to the adapter's dtype
     up = self.lora_B[name].weight.t().to(down.dtype)
     out = torch.addmm(result.reshape(-1, result.shape[-1]).to(down.dtype), down.reshape(-1, down.shape[-1]), up,
                       alpha=self.scaling[name])

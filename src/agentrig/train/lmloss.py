@@ -95,14 +95,20 @@ _CHUNK = 512  # rows of logits at a time: 512 x 49,152 fp32 is 100 MB
 _cast_cache: dict[str, Any] = {}
 
 
+def autograd_head_logps(head: Any, hidden: Any, targets: Any) -> Any:
+    """log p(target) of each row of `hidden` under `head` through autograd: the whole logits, kept for backward."""
+    import torch.nn.functional as F
+
+    return -F.cross_entropy(head(hidden).float(), targets, reduction="none")
+
+
 def head_logps(head: Any, hidden: Any, targets: Any) -> Any:
     """log p(target) of each row of `hidden` (n, d) under `head`, in fp32: shape (n,)."""
     import torch
-    import torch.nn.functional as F
 
     weight = head.weight
     if type(head) is not torch.nn.Linear or head.bias is not None or weight.requires_grad:
-        return -F.cross_entropy(head(hidden).float(), targets, reduction="none")
+        return autograd_head_logps(head, hidden, targets)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     return _head_logps_function().apply(hidden, _cast_weight(weight, dtype), targets)
