@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agentrig.errors import AgentrigError
 from agentrig.harness.demo import SCRIPT, run_demo
 from agentrig.harness import EpisodeRunner, HarnessConfig, PolicyReply, ScriptedPolicy, run_episode, run_episodes
 from agentrig.harness.transcript import context_at
@@ -201,6 +202,42 @@ def test_run_episodes_batches_each_round():
     assert [e.episode_id for e in eps] == [f"t{i}" for i in range(5)]
     assert all(e.final_answer == "3" for e in eps)
     assert Batch.calls == [4, 4, 1, 1]
+
+
+def test_run_episodes_streams_to_a_policy_with_generate_stream():
+    """Continuous batching: an episode's next request is ready as soon as its own reply is applied, at most
+    `batch_size` episodes are open, episodes come back in job order, and each is reported as it ends."""
+
+    class Stream:
+        def __init__(self):
+            self.log = []
+            self.open_max = 0
+
+        def generate_stream(self, pull, on_reply):
+            live = []
+            while True:
+                live += pull(2 - len(live))  # two rows decode together
+                if not live:
+                    return
+                request = live.pop(-1)  # the newest row ends first: replies come back out of pull order
+                self.log.append((request.task.id, request.step))
+                on_reply(request, call("add", a=1, b=2) if request.step == 0 else "3")
+
+    jobs = [(TaskSpec(id=f"t{i}", prompt="1+2?"), tools(), None) for i in range(5)]
+    policy, ended = Stream(), []
+    eps = run_episodes(jobs, policy, batch_size=3, on_done=lambda k, ep: ended.append(k))
+    assert [e.episode_id for e in eps] == [f"t{i}" for i in range(5)]
+    assert all(e.final_answer == "3" and len(e.steps) == 2 for e in eps)
+    assert sorted(ended) == list(range(5)) and ended != list(range(5))
+    # t1's second step is served before t0's first reply: no round waits for its slowest member
+    assert policy.log.index(("t1", 1)) < policy.log.index(("t0", 0))
+
+    class Broken:
+        def generate_stream(self, pull, on_reply):
+            pull(1)  # takes a request and never answers it
+
+    with pytest.raises(AgentrigError, match="unfinished"):
+        run_episodes(jobs[:2], Broken(), batch_size=2)
 
 
 def test_async_policy_and_runner_state_machine():

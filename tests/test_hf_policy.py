@@ -395,3 +395,60 @@ def test_models_load_without_hub_kernels_even_where_the_kernels_package_is_missi
             AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     model = load_model(str(tmp_path / "model"))
     assert model.config.vocab_size == len(smol_tokenizer)
+
+
+def test_streamed_episodes_get_the_replies_of_lockstep_rounds(smol_tokenizer, tmp_path) -> None:
+    """`generate_stream` (continuous batching): episodes of different lengths, two adapters routed by family,
+    two rows at a time, so rows join a running decode; every reply equals the uncached lockstep one."""
+    from collections import deque
+
+    from agentrig.policies.hf_policy import HFPolicy
+
+    def fresh():
+        return _talkative_model(smol_tokenizer)
+
+    _save_adapter(fresh, tmp_path / "a", seed=1)
+    _save_adapter(fresh, tmp_path / "b", seed=2)
+    adapters = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    route = {"fa": "a", "fb": "b"}
+    prompts = {"ep0": ("hi", "fa", 3), "ep1": ("list orders", "fb", 1), "ep2": ("x y z " * 8, "fa", 2),
+               "ep3": ("what is the stock level of SKU A-17?", "fb", 3), "ep4": ("ok", "fa", 1)}
+
+    def request(eid: str, messages: list, step: int) -> PolicyRequest:
+        prompt, family, _ = prompts[eid]
+        return PolicyRequest(list(messages), [], TaskSpec(id=eid, prompt=prompt, family=family), step, eid)
+
+    def observe(messages: list, eid: str, k: int, text: str) -> None:
+        messages += [{"role": "assistant", "content": text},
+                     {"role": "tool", "name": "lookup", "content": f"result {k} for {eid}: " + "ok " * (2 * k + 1)}]
+
+    convs = {e: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}] for e, (p, _, _) in prompts.items()}
+    lockstep = HFPolicy(fresh(), smol_tokenizer, adapters=adapters, route=route, max_new_tokens=6, prefix_cache=False)
+    expected: dict[str, list[str]] = {e: [] for e in prompts}
+    for k in range(3):
+        live = [e for e in prompts if k < prompts[e][2]]
+        for eid, reply in zip(live, lockstep.generate_batch([request(e, convs[e], k) for e in live])):
+            expected[eid].append(reply.text)
+            observe(convs[eid], eid, k, reply.text)
+
+    policy = HFPolicy(fresh(), smol_tokenizer, adapters=adapters, route=route, max_new_tokens=6, batch_size=2)
+    convs = {e: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}] for e, (p, _, _) in prompts.items()}
+    got: dict[str, list[str]] = {e: [] for e in prompts}
+    ready = deque(request(e, convs[e], 0) for e in prompts)
+    pulls: list[int] = []
+
+    def pull(free: int) -> list[PolicyRequest]:
+        pulls.append(free)
+        return [ready.popleft() for _ in range(min(free, len(ready)))]
+
+    def on_reply(req: PolicyRequest, reply) -> None:
+        eid = req.episode_id
+        got[eid].append(reply.text)
+        observe(convs[eid], eid, req.step, reply.text)
+        if len(got[eid]) < prompts[eid][2]:
+            ready.append(request(eid, convs[eid], req.step + 1))
+
+    policy.generate_stream(pull, on_reply)
+    assert got == expected
+    assert len({t for texts in expected.values() for t in texts}) > 5, "replies should differ"
+    assert 1 in pulls, "rows should have joined a running decode one at a time"

@@ -23,7 +23,7 @@ from agentrig.config import opt
 from agentrig.errors import AgentrigError
 from agentrig.harness.memory import compress_point, extractive_summary, with_memory
 from agentrig.harness.protocol import PROTOCOLS, TOOL_LISTINGS, canonical_arguments, feedback, get_protocol
-from agentrig.harness.policy import PolicyReply, PolicyRequest, generate_batch
+from agentrig.harness.policy import PolicyReply, PolicyRequest, Reply, generate_batch
 from agentrig.harness.tools import Tool, ToolSet
 from agentrig.harness.transcript import assistant_message
 from agentrig.harness.trajectory import Defect, Episode, MemoryEvent, Step, TaskSpec, ToolCall, ToolResult
@@ -320,13 +320,26 @@ def run_episodes(
     (progress bars, streaming writes). Episode ids default to the task ids; `seed` is recorded in each.
     """
     pending = deque(enumerate(jobs))
-    live: list[tuple[int, EpisodeRunner]] = []
     out: list[Episode | None] = [None] * len(jobs)
+
+    def start(k: int, task: TaskSpec, tools: ToolSet, hook: ToolHook | None) -> EpisodeRunner:
+        eid = episode_ids[k] if episode_ids is not None else task.id
+        return EpisodeRunner(task, tools, config, hook, token_counter, episode_id=eid, seed=seed)
+
+    def end(k: int, runner: EpisodeRunner) -> None:
+        out[k] = runner.episode
+        if on_done:
+            on_done(k, runner.episode)
+
+    stream = getattr(policy, "generate_stream", None)
+    if callable(stream):
+        _stream_episodes(stream, pending, batch_size, start, end)
+        return [e for e in out if e is not None]
+    live: list[tuple[int, EpisodeRunner]] = []
     while pending or live:
         while pending and len(live) < batch_size:
             k, (task, tools, hook) = pending.popleft()
-            eid = episode_ids[k] if episode_ids is not None else task.id
-            live.append((k, EpisodeRunner(task, tools, config, hook, token_counter, episode_id=eid, seed=seed)))
+            live.append((k, start(k, task, tools, hook)))
         asks: list[tuple[int, EpisodeRunner, PolicyRequest]] = []
         for k, runner in live:
             req = runner.request()
@@ -339,10 +352,51 @@ def run_episodes(
         still: list[tuple[int, EpisodeRunner]] = []
         for k, runner in live:
             if runner.done:
-                out[k] = runner.episode
-                if on_done:
-                    on_done(k, runner.episode)
+                end(k, runner)
             else:
                 still.append((k, runner))
         live = still
     return [e for e in out if e is not None]
+
+
+def _stream_episodes(
+    stream: Callable[..., None],
+    pending: deque[tuple[int, tuple[TaskSpec, ToolSet, ToolHook | None]]],
+    batch_size: int,
+    start: Callable[[int, TaskSpec, ToolSet, ToolHook | None], EpisodeRunner],
+    end: Callable[[int, EpisodeRunner], None],
+) -> None:
+    """`run_episodes` for a policy with `generate_stream` (continuous batching, `HFPolicy`): each episode's
+    next request is ready as soon as its reply is applied, not when the round's longest reply ends; at most
+    `batch_size` episodes are open at once."""
+    live: dict[int, EpisodeRunner] = {}
+    ready: deque[tuple[int, PolicyRequest]] = deque()
+    asked: dict[int, int] = {}  # id(request) -> job index
+
+    def advance(k: int) -> None:
+        request = live[k].request()
+        if request is None:
+            end(k, live.pop(k))
+        else:
+            ready.append((k, request))
+
+    def pull(free: int) -> list[PolicyRequest]:
+        while pending and len(live) < batch_size:
+            k, (task, tools, hook) = pending.popleft()
+            live[k] = start(k, task, tools, hook)
+            advance(k)
+        got = []
+        while ready and len(got) < free:
+            k, request = ready.popleft()
+            asked[id(request)] = k
+            got.append(request)
+        return got
+
+    def on_reply(request: PolicyRequest, reply: Reply) -> None:
+        k = asked.pop(id(request))
+        live[k].submit(reply)
+        advance(k)
+
+    stream(pull, on_reply)
+    if live or ready or pending:
+        raise AgentrigError(f"the policy's generate_stream returned with {len(live)} episodes unfinished")

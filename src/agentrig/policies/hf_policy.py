@@ -30,13 +30,14 @@ sliding-window or recurrent layers would need `prefix_cache=False`.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Union
 
 from agentrig.errors import ConfigError
 from agentrig.harness import PolicyReply, PolicyRequest
 from agentrig.harness.trajectory import TaskSpec
+from agentrig.policies.merged import MergedWeights
 
 BASE = "base"  # the route name meaning "no adapter"
 TOOL_RESPONSE_OPEN = "<tool_response>"  # a reply that starts a tool result itself stops there
@@ -74,6 +75,9 @@ class HFPolicy:
             on this project's 2-core CPU it evaluated the default adapter in 396 s against 408 s, with the
             same completion, docs/benchmarks.md), or None = where the CPU has native bf16 (AVX512-BF16 or
             AMX). Models already in a half precision (GPUs) are unaffected.
+        merge_adapters: generate with the active adapter's weights merged into the base layers
+            (`agentrig.policies.merged`: one product per layer instead of three, restored exactly on a
+            switch); None = on a CPU, where it made evaluation about 12% faster with the same replies.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class HFPolicy:
         batch_size: int = 16,
         prefix_cache: bool = True,
         bf16: bool | None = False,
+        merge_adapters: bool | None = None,
     ) -> None:
         if temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {temperature}")
@@ -121,6 +126,10 @@ class HFPolicy:
         self.route: Route = None
         self.use(route)
         self.bf16 = self._autocast_wanted(bf16)
+        if merge_adapters is None:
+            merge_adapters = next(self.model.parameters()).device.type == "cpu"
+        self._merge_wanted = bool(merge_adapters)
+        self._merged = MergedWeights(self.model) if self._merge_wanted and self.adapter_names else None
 
     @classmethod
     def from_pretrained(
@@ -190,6 +199,71 @@ class HFPolicy:
                         replies[i] = reply
         return [r for r in replies if r is not None]
 
+    def generate_stream(self, pull: Callable[[int], list[PolicyRequest]],
+                        on_reply: Callable[[PolicyRequest, PolicyReply], None]) -> None:
+        """Continuous batching for the harness (`agentrig.harness.loop.run_episodes`): requests join a running
+        decode as rows free up, instead of in lockstep rounds that last as long as their longest reply.
+
+        `pull(free)` returns up to `free` requests ready now (none: nothing ready yet); `on_reply(request,
+        reply)` is called as each reply ends, inside the decode loop, and may make new requests ready (the
+        episode's next step). Returns when nothing is live and `pull` has nothing more. Requests are served
+        by their routed adapter, one adapter's rows at a time. Without the prefix cache, rounds of
+        `generate_batch`.
+        """
+        waiting: dict[str, deque[PolicyRequest]] = {}
+        while True:
+            adapter = next((a for a, q in waiting.items() if q), None)
+            if adapter is None:
+                got = pull(self.batch_size)
+                if not got:
+                    return
+                if not self.prefix_cache:
+                    for request, reply in zip(got, self.generate_batch(got)):
+                        on_reply(request, reply)
+                    continue
+                for request in got:
+                    waiting.setdefault(self.adapter_for(request.task), deque()).append(request)
+                continue
+            self._stream(adapter, waiting, pull, on_reply)
+
+    def _stream(self, adapter: str, waiting: dict[str, deque[PolicyRequest]],
+                pull: Callable[[int], list[PolicyRequest]],
+                on_reply: Callable[[PolicyRequest, PolicyReply], None]) -> None:
+        """One decode of `adapter`'s rows: start with its waiting requests, admit more as rows end (requests
+        pulled for another adapter wait in `waiting` for their own decode)."""
+        queue = waiting[adapter]
+        rows: list[PolicyRequest] = []
+        prompts: list[list[int]] = []
+        tokens: list[list[int]] = []
+
+        def take(limit: int) -> list[tuple[list[int], tuple[str, str]]]:
+            if len(queue) < limit:
+                for request in pull(limit - len(queue)):
+                    waiting.setdefault(self.adapter_for(request.task), deque()).append(request)
+            new = []
+            while queue and len(new) < limit:
+                request = queue.popleft()
+                prompt = list(self.renderer.prompt_ids(request.messages))
+                rows.append(request)
+                prompts.append(prompt)
+                tokens.append([])
+                new.append((prompt, (request.episode_id, adapter)))
+            return new
+
+        def on_token(row: int, token: int) -> bool:
+            tokens[row].append(token)
+            return False
+
+        def on_done(row: int) -> None:
+            text, used = self.reply_text(tokens[row])
+            on_reply(rows[row], PolicyReply(text=text, prompt_tokens=len(prompts[row]), completion_tokens=used))
+
+        first = take(self.batch_size)
+        if first:
+            with self._adapter(adapter):
+                self._rows([p for p, _ in first], [k for _, k in first], on_token=on_token, admit=take,
+                           on_done=on_done)
+
     def generate_rows(
         self,
         prompts: list[list[int]],
@@ -227,6 +301,8 @@ class HFPolicy:
         """Load one more PEFT adapter by name next to the others (the base weights stay untouched)."""
         if name == BASE or name in self.adapter_names:
             raise ConfigError(f"an adapter named {name!r} is already loaded; unload it first or choose another name")
+        if self._merged is not None:
+            self._merged.forget()
         base = self.model.get_base_model() if self.adapter_names else self.model
         check_adapter(base, folder)  # before PEFT touches the model: a failed load must not half-change it
         from agentrig.models import quiet_loading
@@ -245,11 +321,15 @@ class HFPolicy:
             raise ConfigError(f"cannot load adapter {name!r} from {folder}: {exc.__class__.__name__}: {exc}") from None
         self.model.eval()
         self.adapter_names.append(name)
+        if self._merge_wanted:
+            self._merged = MergedWeights(self.model)
 
     def unload_adapter(self, name: str) -> None:
         """Drop a loaded adapter and the prefix-cache entries it computed."""
         if name not in self.adapter_names:
             raise ConfigError(f"no adapter named {name!r} is loaded; loaded: {', '.join(self.adapter_names) or 'none'}")
+        if self._merged is not None:
+            self._merged.forget()
         if len(self.adapter_names) == 1:
             self.model = self.model.unload()  # back to the plain base model (weights were never merged)
         else:
@@ -257,6 +337,8 @@ class HFPolicy:
                 self.model.set_adapter(next(n for n in self.adapter_names if n != name))
             self.model.delete_adapter(name)
         self.adapter_names.remove(name)
+        if not self.adapter_names:
+            self._merged = None
         for key in [k for k in self._prefixes if k[1] == name]:
             del self._prefixes[key]
         if isinstance(self.route, str) and self.route == name:
@@ -311,6 +393,12 @@ class HFPolicy:
         elif name == BASE:
             with self.model.disable_adapter():
                 yield
+        elif self._merged is not None and self._merged.use(name):
+            try:
+                with self.model.disable_adapter():  # the merged base layers are the adapter
+                    yield
+            finally:
+                self._merged.restore()
         else:
             self.model.set_adapter(name)
             yield
