@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--splits", default="test", help="comma-separated splits")
     parser.add_argument("--limit", type=int, default=40, help="tasks per split")
     parser.add_argument("--variants", default="peer,stream,merge,ours")
+    parser.add_argument("--batch-size", type=int, default=16, help="rows decoding together (policy and evaluation)")
     args = parser.parse_args()
 
     import torch
@@ -54,7 +55,7 @@ def main() -> None:
 
     prof = PROFILES["default"]
     config = EvalConfig(env=args.env, splits=args.splits.split(","), limit=args.limit, faults=prof.eval_faults,
-                        seed=0, harness=_harness(prof))
+                        seed=0, harness=_harness(prof), batch_size=args.batch_size)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in ("peer", "stream", "merge", "ours")]
     if unknown:
@@ -62,7 +63,7 @@ def main() -> None:
     results: dict[str, tuple[float, Any]] = {}
     for name in variants:
         policy = HFPolicy.from_pretrained(args.model, {"sft": args.adapter}, max_new_tokens=prof.eval_max_new_tokens,
-                                          merge_adapters=name in ("merge", "ours"))
+                                          merge_adapters=name in ("merge", "ours"), batch_size=args.batch_size)
         runner = policy if name in ("stream", "ours") else Lockstep(policy)
         start = time.perf_counter()
         result = run_eval(runner, config)

@@ -4,7 +4,11 @@ The base model is loaded once; any number of PEFT adapters are loaded next to it
 (`PeftModel.load_adapter`, never merged, seed section 2.4) and each episode is routed to one of them by
 a fixed name, a family -> adapter dict, or a callable over the `TaskSpec`. `generate_batch` groups the
 requests by adapter, renders each prompt with `agentrig.data.render.Renderer.prompt_ids` (the one rendering
-the training data uses) and generates for up to `batch_size` of them together with the KV cache.
+the training data uses) and generates for up to `batch_size` of them together with the KV cache;
+`generate_stream` is the harness's continuous batching (an episode's next request joins the running decode
+as soon as its reply is applied). On a CPU the active adapter's weights are merged into the base layers for
+the duration of a batch (`agentrig.policies.merged`: one product per layer instead of three), and the
+original tensors are swapped back afterwards, so the base weights stay untouched.
 Generation runs to the end-of-turn token, so a turn can hold several `<tool_call>` blocks (parallel
 calls, as the training data has them); it stops early when the model starts writing a `<tool_response>`
 itself (the harness cuts and classifies that as a defect). It is greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
