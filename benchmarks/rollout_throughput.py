@@ -1,14 +1,16 @@
 """Rollout throughput: episodes per minute with batched, prefix-cached generation vs one episode at a time.
 
 Same test tasks, same model, same harness, greedy decoding, fresh tool state per episode in every mode:
-(a) `run_episodes(..., batch_size=B)` with `HFPolicy.generate_batch` and the prefix cache on (each
-round decodes all live episodes together in the policy's own loop over a preallocated KV cache, each
-reusing its earlier steps' keys/values; finished rows leave the batch),
+(a) `run_episodes(..., batch_size=B)` with `HFPolicy` and the prefix cache on: the episodes stream into the
+policy's own decode loop over a preallocated KV cache (`generate_stream`: an episode's next step joins the
+running batch as soon as its reply is applied; each step reuses the episode's earlier keys/values; finished
+rows leave the batch; an adapter runs merged into the base weights on a CPU),
 (b) `run_episode` for each task in turn with the plain path (prefix cache off, batch size 1: one
 `model.generate` per step, the whole prompt prefilled).
 Prints both figures, the ratio (target >= 4x) and whether both produced the same transcripts (they
-should, up to floating-point ties). `--cache-off-batched` adds (c): (a) with the prefix cache off, so
-(c)/(a) is what the cache alone buys at the same batch size.
+should, up to floating-point ties). `--cache-off-batched` adds (c): batched rounds of
+`model.generate` with the prefix cache off (and PEFT's unmerged forward), so (c)/(a) is what the cache, the
+streaming and the merge buy at the same batch size.
 
 Run: `python benchmarks/rollout_throughput.py` (the issue's setting: 16 episodes, batch 16). A short
 version for a small CPU: `--episodes 4 --batch-size 4 --max-steps 2 --max-new-tokens 16`.
@@ -99,13 +101,13 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
     print(f"model {args.model}{' + adapter ' + args.adapter if args.adapter else ''} on {device}, {platform.processor() or platform.machine()}; {len(tasks)} {args.split} "
           f"tasks, {steps} policy steps, max {args.max_steps} steps x {args.max_new_tokens} new tokens")
-    print(f"(a) batched lockstep (batch {args.batch_size}), prefix cache on: "
+    print(f"(a) streamed (batch {args.batch_size}), prefix cache on:         "
           f"{60 * len(batched) / batched_s:8.1f} episodes/min ({batched_s:.1f} s)")
     print(f"(b) one episode at a time, plain path:       {60 * len(single) / single_s:8.1f} episodes/min ({single_s:.1f} s)")
     print(f"ratio (a)/(b): {single_s / batched_s:.2f}x (target >= 4x); identical transcripts: "
           f"{same(batched, single)}/{len(tasks)}")
     if uncached is not None:
-        print(f"(c) batched lockstep (batch {args.batch_size}), prefix cache off: "
+        print(f"(c) batched lockstep rounds (batch {args.batch_size}), prefix cache off: "
               f"{60 * len(uncached) / uncached_s:8.1f} episodes/min ({uncached_s:.1f} s)")
         print(f"prefix cache gain at batch {args.batch_size}, (a)/(c): {uncached_s / batched_s:.2f}x; identical "
               f"transcripts: {same(batched, uncached)}/{len(tasks)}")
