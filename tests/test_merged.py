@@ -108,4 +108,4 @@ def test_adapters_that_cannot_merge_exactly_keep_pefts_forward(smol_tokenizer, t
     assert plain_lora_layers(merged.model, "odd") is None
     requests = [_request(p) for p in PROMPTS]
     assert [r.text for r in merged.generate_batch(requests)] == [r.text for r in peft.generate_batch(requests)]
-    assert merged._merged.use("odd") is False and merged._merged.active is False
+    assert merged._merged.use(merged.model, "odd") is False and merged._merged.active is False

@@ -132,8 +132,7 @@ class HFPolicy:
         self.bf16 = self._autocast_wanted(bf16)
         if merge_adapters is None:
             merge_adapters = next(self.model.parameters()).device.type == "cpu"
-        self._merge_wanted = bool(merge_adapters)
-        self._merged = MergedWeights(self.model) if self._merge_wanted and self.adapter_names else None
+        self._merged = MergedWeights() if merge_adapters else None
 
     @classmethod
     def from_pretrained(
@@ -214,7 +213,7 @@ class HFPolicy:
         by their routed adapter, one adapter's rows at a time. Without the prefix cache, rounds of
         `generate_batch`.
         """
-        waiting: dict[str, deque[PolicyRequest]] = {}
+        waiting: dict[str, deque[PolicyRequest]] = {}  # adapter -> pulled requests not yet decoding
         while True:
             adapter = next((a for a, q in waiting.items() if q), None)
             if adapter is None:
@@ -225,10 +224,14 @@ class HFPolicy:
                     for request, reply in zip(got, self.generate_batch(got)):
                         on_reply(request, reply)
                     continue
-                for request in got:
-                    waiting.setdefault(self.adapter_for(request.task), deque()).append(request)
+                self._wait(waiting, got)
                 continue
             self._stream(adapter, waiting, pull, on_reply)
+
+    def _wait(self, waiting: dict[str, deque[PolicyRequest]], requests: list[PolicyRequest]) -> None:
+        """Queue pulled requests under the adapter each is routed to."""
+        for request in requests:
+            waiting.setdefault(self.adapter_for(request.task), deque()).append(request)
 
     def _stream(self, adapter: str, waiting: dict[str, deque[PolicyRequest]],
                 pull: Callable[[int], list[PolicyRequest]],
@@ -242,8 +245,7 @@ class HFPolicy:
 
         def take(limit: int) -> list[tuple[list[int], tuple[str, str]]]:
             if len(queue) < limit:
-                for request in pull(limit - len(queue)):
-                    waiting.setdefault(self.adapter_for(request.task), deque()).append(request)
+                self._wait(waiting, pull(limit - len(queue)))
             new = []
             while queue and len(new) < limit:
                 request = queue.popleft()
@@ -325,8 +327,6 @@ class HFPolicy:
             raise ConfigError(f"cannot load adapter {name!r} from {folder}: {exc.__class__.__name__}: {exc}") from None
         self.model.eval()
         self.adapter_names.append(name)
-        if self._merge_wanted:
-            self._merged = MergedWeights(self.model)
 
     def unload_adapter(self, name: str) -> None:
         """Drop a loaded adapter and the prefix-cache entries it computed."""
@@ -341,8 +341,6 @@ class HFPolicy:
                 self.model.set_adapter(next(n for n in self.adapter_names if n != name))
             self.model.delete_adapter(name)
         self.adapter_names.remove(name)
-        if not self.adapter_names:
-            self._merged = None
         for key in [k for k in self._prefixes if k[1] == name]:
             del self._prefixes[key]
         if isinstance(self.route, str) and self.route == name:
@@ -397,7 +395,7 @@ class HFPolicy:
         elif name == BASE:
             with self.model.disable_adapter():
                 yield
-        elif self._merged is not None and self._merged.use(name):
+        elif self._merged is not None and self._merged.use(self.model, name):
             try:
                 with self.model.disable_adapter():  # the merged base layers are the adapter
                     yield

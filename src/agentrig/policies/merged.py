@@ -53,20 +53,19 @@ class MergedWeights:
     references; `forget()` drops them (call it when adapters are loaded or unloaded).
     """
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    def __init__(self) -> None:
         self._name: str | None = None  # whose merged tensors are kept
         self._swaps: list[tuple[Any, Any, Any]] = []  # (base layer, original weight, merged weight)
         self.active = False
 
-    def use(self, name: str) -> bool:
-        """Swap adapter `name`'s merged weights in; False (nothing changed) when it cannot merge exactly."""
+    def use(self, model: Any, name: str) -> bool:
+        """Swap adapter `name`'s merged weights into `model`; False (nothing changed) when it cannot merge exactly."""
         import torch
 
         self.restore()
         if self._name != name:
             self._swaps, self._name = [], None
-            layers = plain_lora_layers(self.model, name)
+            layers = plain_lora_layers(model, name)
             if layers is None:
                 return False
             with torch.no_grad():
