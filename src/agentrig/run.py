@@ -67,6 +67,9 @@ class Profile:
     lora_num_layers: int | None = None  # LoRA on the last N decoder layers (None: all); cheaper steps, docs/training.md
     neftune_alpha: float | None = None  # NEFTune noise on the input embeddings while training (None: off), docs/training.md
     prompt_no_grad: bool = False  # each sample's context encoded without gradient (TrainConfig.prompt_no_grad)
+    # SFT with each decoder layer compiled (TrainConfig.torch_compile) when it trains on a CPU: measured there only
+    # (1.23x a step, compilation paid back after about 70 steps; benchmarks/torch_compile.py)
+    torch_compile: bool = False
     # relative draw weights of the primary environment's task families (collect --family-weights; others 1.0)
     family_weights: tuple[tuple[str, float], ...] = ()
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
@@ -93,10 +96,11 @@ class Profile:
 PROFILES = {
     "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=200,
                        batch_size=1, eval_limit=40, eval_max_new_tokens=160, base_eval_limit=20, detours=0.25,
-                       curve_points=3),
+                       curve_points=3, torch_compile=True),
     "full": Profile("full", train_episodes=1000, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=400,
                     batch_size=1, eval_limit=40, eval_max_new_tokens=192, base_eval_limit=20, detours=0.25,
                     curve_points=4, curve_limit=20, dpo=True, rollout_episodes=48, dpo_steps=24, ttt_minutes=10.0,
+                    torch_compile=True,
                     ttt_rollouts=8,  # the update measured on this adapter: continue it at 1e-4 with 30% replay
                     ttt_update=(("stack_rank", 0), ("learning_rate", 1e-4), ("replay_share", 0.3))),
     # For tests and smoke runs: every stage, minutes of CPU.
@@ -299,6 +303,14 @@ def _curve_steps(prof: Profile) -> list[int]:
     return sorted({max(1, round(prof.sft_steps * k / n)) for k in range(1, n)}) if n > 1 else []
 
 
+def _compiles(prof: Profile, stage: str) -> bool:
+    """Whether this stage compiles its decoder layers: SFT on a CPU in a profile that asks for it (a DPO round's
+    few steps would not pay the compilation back; on a GPU the main job has not measured it)."""
+    import torch
+
+    return prof.torch_compile and stage == "sft" and not torch.cuda.is_available()
+
+
 def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, steps: int,
            adapter: str | None = None) -> dict[str, Any]:
     from agentrig.train.train import run_train
@@ -309,6 +321,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
                        lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_target=prof.lora_target,
                        lora_num_layers=prof.lora_num_layers, neftune_noise_alpha=prof.neftune_alpha,
                        prompt_no_grad=prof.prompt_no_grad,
+                       torch_compile=_compiles(prof, stage),
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
                        max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=max(5, steps // 4),
@@ -319,7 +332,8 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
     history = [{**row, "stage": stage} for row in result.loss_history]
     return {"adapter": result.adapter_dir, "steps": result.global_step, "loss_history": history,
             "train_seconds": round(result.train_seconds, 1), "tokens": result.tokens,
-            "supervised_tokens": result.supervised_tokens, "vllm_command": result.vllm_command}
+            "supervised_tokens": result.supervised_tokens, "vllm_command": result.vllm_command,
+            "compiled": tcfg.torch_compile}
 
 
 def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str], variants: list[str],
@@ -437,6 +451,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"SFT recipe: LoRA r{LORA_RANK}/alpha{LORA_ALPHA} on {prof.lora_target} linear layers, learning rate {prof.learning_rate:g}, cosine, "
         f"{prof.batch_size} packed row(s) of {prof.max_seq_length} tokens per step"
         + (", each sample's context without gradient (prompt_no_grad)" if prof.prompt_no_grad else "")
+        + (", each decoder layer compiled (torch_compile)" if stages["sft"].get("compiled") else "")
         + f"; detours {prof.detours}, "
         f"tool listing {prof.tool_listing}",
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "

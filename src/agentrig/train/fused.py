@@ -90,6 +90,9 @@ def fuse_gated_mlps(model: Any) -> int:
                 getattr(module, "act_fn", None)):
             module.forward = types.MethodType(_fused_forward, module)
             fused += 1
+    global _SILU_MUL
+    if fused and _SILU_MUL is None:  # made now, so a compiled layer (compile.py) does not see it change
+        _SILU_MUL = _silu_mul_function()
     return fused
 
 

@@ -291,6 +291,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
     from trl import SFTConfig
 
     from agentrig.train.attention import NAME as PACKED_ATTENTION
+    from agentrig.train.compile import compile_layers
     from agentrig.train.fused import fuse_lora_linears
     from agentrig.train.packing import RowCollator, pack_rows, packing_stats
 
@@ -328,6 +329,8 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         data_collator=RowCollator(tokenizer.pad_token_id, padding_free=per_sample_attention),
         peft_config=peft_config, meter=meter)
     fuse_lora_linears(trainer.model)  # SFTTrainer has wrapped the model in PEFT by now
+    if config.torch_compile:
+        compile_layers(trainer.model)  # after the fusing above, so the compiled graphs trace the fused forward
     return trainer, stats, data.card
 
 
@@ -369,6 +372,10 @@ def _build_dpo(config: TrainConfig, tokenizer: Any, meter: Any, checkpoints: Pat
     with (output_dir / "reference_logps.jsonl").open("w") as fh:
         for pair, (chosen, rejected) in zip(pairs, reference):
             fh.write(json.dumps({"pair_id": pair.pair_id, "chosen": chosen, "rejected": rejected}) + "\n")
+    if config.torch_compile:
+        from agentrig.train.compile import compile_layers
+
+        compile_layers(model)  # after the reference log-probs (a no-grad pass), before the first step
     rows = [{"prompt_ids": p.prompt_ids, "chosen_ids": p.chosen_ids, "rejected_ids": p.rejected_ids,
              "ref_chosen": c, "ref_rejected": r} for p, (c, r) in zip(scored, reference)]
     train_rows, val_rows = rows[:len(pairs)], rows[len(pairs):]
