@@ -304,11 +304,14 @@ def _curve_steps(prof: Profile) -> list[int]:
 
 
 def _compiles(prof: Profile, stage: str) -> bool:
-    """Whether this stage compiles its decoder layers: SFT on a CPU in a profile that asks for it (a DPO round's
-    few steps would not pay the compilation back; on a GPU the main job has not measured it)."""
+    """Whether this stage compiles its decoder layers: SFT on a CPU with a C++ compiler, in a profile that asks for
+    it (a DPO round's few steps would not pay the compilation back; on a GPU the main job has not measured it;
+    without a compiler it trains eager, as before, and the report's recipe line says which)."""
     import torch
 
-    return prof.torch_compile and stage == "sft" and not torch.cuda.is_available()
+    from agentrig.train.compile import has_cpp_compiler
+
+    return prof.torch_compile and stage == "sft" and not torch.cuda.is_available() and has_cpp_compiler()
 
 
 def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, steps: int,

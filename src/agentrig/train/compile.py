@@ -37,9 +37,14 @@ def repeated_blocks(model: Any) -> list[Any]:
     return best
 
 
+def has_cpp_compiler() -> bool:
+    """Whether a C++ compiler is on PATH (TorchInductor writes C++ for the CPU and builds it)."""
+    return any(shutil.which(cc) for cc in ("g++", "c++", "clang++"))
+
+
 def check_compiler(device: str) -> None:
-    """Refuse a CPU compile without a C++ compiler: TorchInductor writes C++ for the CPU and builds it."""
-    if device == "cpu" and not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+    """Refuse a CPU compile without a C++ compiler, saying what to do."""
+    if device == "cpu" and not has_cpp_compiler():
         raise ConfigError("torch_compile on a CPU needs a C++ compiler (TorchInductor generates and builds C++ "
                           "kernels), and none is on PATH: install one (apt install g++) or set torch_compile: false")
 
