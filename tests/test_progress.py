@@ -74,3 +74,23 @@ def test_a_real_training_run_logs_progress_and_no_library_noise(tmp_path, tiny_m
     assert "loss nan" not in err  # step 1's line shows step 1's loss, not the one before it
     assert "is_gradient_checkpointing" not in err
     assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
+def test_the_eta_leaves_out_the_first_unit_and_its_warm_up(monkeypatch):
+    """A stage whose first step takes a minute (compilation) and the rest 2 s each: once a second step is done the
+    ETA is the steady rate times what is left, not the average over the warm-up."""
+    import agentrig.progress as prog
+
+    clock = [1000.0]
+    monkeypatch.setattr(prog.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    with progress("sft", 11, stream=out, interval_s=0) as bar:
+        clock[0] += 60.0
+        bar.update(advance=1)  # the first step: compilation
+        for _ in range(4):
+            clock[0] += 2.0
+            bar.update(advance=1)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "sft: 1/11 (9%), 1m00s elapsed, ETA 10m00s"  # one step seen: the only rate there is
+    assert lines[1] == "sft: 2/11 (18%), 1m02s elapsed, ETA 18s"  # 9 steps left at 2 s, not at 31 s
+    assert lines[4] == "sft: 5/11 (45%), 1m08s elapsed, ETA 12s"

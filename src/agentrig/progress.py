@@ -6,6 +6,10 @@ file or a CI log, where a bar shows nothing until it ends, it is a plain line ev
 
     train smollm2-135m: 120/200 (60%), 9m12s elapsed, ETA 6m08s, loss 0.4123, 440 tok/s
 
+The line's ETA is the rate after the first unit times what is left: a stage's first step carries its warm-up
+(with `torch_compile`, about a minute of compilation), which an average from the start would spread over the
+whole stage.
+
 Usage: `with progress("eval sft", total=40, fields=fmt) as bar: bar.update(advance=1, loss=0.3)`, where
 `fmt(fields) -> str` renders the stage's fields (loss, counts) for both forms.
 """
@@ -49,6 +53,9 @@ class Bar:
         self.values: dict[str, Any] = {}
         self.started = time.monotonic()
         self.first = completed  # resumed stages: the rate counts only this run's work
+        # (time, count) when the first unit of this run ended: the rate is taken after it, since the first step of a
+        # stage carries its warm-up (a compiled model's compilation, allocator growth) and can take minutes
+        self.warm: tuple[float, int] | None = None
         self.last_line = self.started
         self.rich: Any = None
         if terminal:
@@ -65,6 +72,8 @@ class Bar:
         """Set or advance the count and the stage's fields; off a terminal, print a line when one is due."""
         self.completed = (self.completed if completed is None else completed) + advance
         self.values.update(fields)
+        if self.warm is None and self.completed > self.first:
+            self.warm = (time.monotonic(), self.completed)
         if self.rich is not None:
             self.rich.update(self.task, completed=self.completed, extra=self.fmt(self.values))
         elif time.monotonic() - self.last_line >= self.interval_s and self.completed < self.total:
@@ -79,7 +88,8 @@ class Bar:
         pct = 100 * self.completed / self.total if self.total else 100.0
         text = f"{self.description}: {self.completed}/{self.total} ({pct:.0f}%), {_clock(elapsed)} elapsed"
         if 0 < done and self.completed < self.total:
-            text += f", ETA {_clock(elapsed / done * (self.total - self.completed))}"
+            since, at = self.warm if self.warm and self.completed > self.warm[1] else (self.started, self.first)
+            text += f", ETA {_clock((now - since) / (self.completed - at) * (self.total - self.completed))}"
         extra = self.fmt(self.values)
         print(text + (f", {extra}" if extra else ""), file=self.stream, flush=True)
 
