@@ -17,13 +17,12 @@ collected and built into a temporary folder first (about a minute).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from lora_depth import build_default_data, time_steps  # this folder is on sys.path as a script
+from lora_depth import build_default_data, step_arguments, time_steps  # this folder is on sys.path as a script
 
 
 @contextlib.contextmanager
@@ -41,13 +40,7 @@ def unfused() -> Iterator[None]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", help="an `agentrig data build` folder (default: build the default profile's data)")
-    ap.add_argument("--steps", type=int, default=8, help="optimizer steps each way and round (the first is warm-up)")
-    ap.add_argument("--rounds", type=int, default=2, help="times the two ways are alternated")
-    a = ap.parse_args()
-    if a.steps < 3:
-        ap.error("--steps must be at least 3: the first step is warm-up and two more make a step time")
+    a = step_arguments(__doc__.splitlines()[0], "each way and round", rounds=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = a.data or build_default_data(work)

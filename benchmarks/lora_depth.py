@@ -33,7 +33,7 @@ def build_default_data(work: Path) -> str:
 
 def time_steps(data: str, steps: int, folder: Path, **overrides: object) -> dict[str, float]:
     """The main job's SFT recipe on `data` for `steps` steps in `folder`, with `overrides` of its TrainConfig:
-    seconds a step after the first, tokens/s and the first step's loss."""
+    seconds a step after the first, the first step's seconds, tokens/s and the first step's loss."""
     from agentrig import run
     from agentrig.train.train import run_train
     from agentrig.train.trainconfig import TrainConfig
@@ -47,15 +47,18 @@ def time_steps(data: str, steps: int, folder: Path, **overrides: object) -> dict
     clock = step_clock()
     result = run_train(config, callbacks=[clock])
     per_step = (clock.marks[-1] - clock.marks[0]) / (len(clock.marks) - 1)
-    return {"seconds_per_step": per_step, "tokens_per_s": result.tokens / steps / per_step,
+    return {"seconds_per_step": per_step, "first_step": clock.marks[0] - clock.begin,
+            "tokens_per_s": result.tokens / steps / per_step,
             "first_loss": result.loss_history[0]["loss"]}
 
 
-def step_arguments(description: str, what: str) -> argparse.Namespace:
-    """`--data` and `--steps` (at least 3: one warm-up step and two to time), parsed."""
+def step_arguments(description: str, what: str, rounds: bool = False) -> argparse.Namespace:
+    """`--data` and `--steps` (at least 3: one warm-up step and two to time), and `--rounds` when asked, parsed."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", help="an `agentrig data build` folder (default: build the default profile's data)")
     ap.add_argument("--steps", type=int, default=8, help=f"optimizer steps {what} (the first is warm-up)")
+    if rounds:
+        ap.add_argument("--rounds", type=int, default=2, help="times the two ways are alternated")
     if what == "per depth":
         ap.add_argument("--layers", default="10,15,20", help="comma-separated depths to time against every layer")
     a = ap.parse_args()

@@ -16,48 +16,21 @@ collected and built into a temporary folder first (about a minute).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from lora_depth import build_default_data  # this folder is on sys.path as a script
+from lora_depth import build_default_data, step_arguments, time_steps  # this folder is on sys.path as a script
 
 
 def one_run(data: str, steps: int, folder: str, compiled: bool) -> dict[str, float]:
-    """Train `steps` steps in this process; the first step's seconds, the steady step time, tokens/s, first loss."""
-    from transformers import TrainerCallback
-
-    from agentrig import run
-    from agentrig.train.train import run_train
-    from agentrig.train.trainconfig import TrainConfig
-
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.begin, self.marks = 0.0, []
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.begin = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.marks.append(time.perf_counter())
-
-    prof = run.PROFILES["default"]
-    config = TrainConfig(dataset=data, model_name_or_path="smollm2-135m", output_dir=folder, lora_rank=run.LORA_RANK,
-                         lora_alpha=run.LORA_ALPHA, lora_target=prof.lora_target, learning_rate=prof.learning_rate,
-                         warmup_ratio=0.05, per_device_train_batch_size=1, max_seq_length=prof.max_seq_length,
-                         max_steps=steps, save_steps=10_000, packing=True, seed=0, torch_compile=compiled)
-    clock = Clock()
-    result = run_train(config, callbacks=[clock])
-    per_step = (clock.marks[-1] - clock.marks[0]) / (len(clock.marks) - 1)
-    return {"first_step": clock.marks[0] - clock.begin, "seconds_per_step": per_step,
-            "tokens_per_s": result.tokens / steps / per_step, "first_loss": result.loss_history[0]["loss"],
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2}
+    """`lora_depth.time_steps` with or without `torch_compile`, and this process's peak RSS."""
+    row = time_steps(data, steps, Path(folder), torch_compile=compiled)
+    return {**row, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2}
 
 
 def in_process(data: str, steps: int, work: Path, name: str, compiled: bool) -> dict[str, float]:
@@ -73,13 +46,7 @@ def in_process(data: str, steps: int, work: Path, name: str, compiled: bool) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", help="an `agentrig data build` folder (default: build the default profile's data)")
-    ap.add_argument("--steps", type=int, default=8, help="optimizer steps each way and round (the first compiles)")
-    ap.add_argument("--rounds", type=int, default=2, help="times the two ways are alternated")
-    a = ap.parse_args()
-    if a.steps < 3:
-        ap.error("--steps must be at least 3: the first step compiles and two more make a step time")
+    a = step_arguments(__doc__.splitlines()[0], "each way and round (the first compiles)", rounds=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = a.data or build_default_data(work)

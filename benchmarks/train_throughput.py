@@ -60,7 +60,11 @@ def step_clock():
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
+            self.begin = 0.0  # when training started: marks[0] - begin is the first step, warm-up included
             self.marks: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.begin = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             self.marks.append(time.perf_counter())

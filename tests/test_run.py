@@ -94,9 +94,9 @@ def test_profiles_use_the_measured_recipe_and_fit_the_budget(profile, tmp_path, 
 
     assert sft.torch_compile == (profile != "tiny" and has_cpp_compiler())
     assert not any(d.torch_compile for d in dpo)
-    monkeypatch.setattr("shutil.which", lambda name: None)
-    assert not _compiles(PROFILES[profile], "sft")
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr("shutil.which", lambda name: None)
+        assert not _compiles(PROFILES[profile], "sft")
     args = _training_kwargs(sft, tmp_path / "checkpoints")
     assert (args["learning_rate"], args["lr_scheduler_type"]) == (PROFILES[profile].learning_rate, seed.lr_scheduler_type)
     assert args["max_steps"] == PROFILES[profile].sft_steps
