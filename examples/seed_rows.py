@@ -2,7 +2,7 @@
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
-    [--learning-rate LR] [--prompt-no-grad]
+    [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -14,7 +14,8 @@ the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); 
 (`neftune_noise_alpha`); `--mixup-detours` sets the share of the teacher's mix-up detours (`collect
 --mixup-detours`), `--borrow-detours` that of its borrowed-field detours (`collect --borrow-detours`);
 `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's
-peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample's context without gradient).
+peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample's context without gradient);
+`--tool-name-weight` sets SFT's `tool_name_weight` (the loss weight of the tokens that name a call's tool).
 `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
@@ -39,6 +40,7 @@ def main() -> None:
     ap.add_argument("--borrow-detours", type=float, default=None, help="share of detours with a borrowed field (default: 0)")
     ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
     ap.add_argument("--prompt-no-grad", action="store_true", help="SFT with prompt_no_grad (default: the profile's)")
+    ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 1)")
     ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
     from agentrig import run
@@ -53,6 +55,7 @@ def main() -> None:
                    family_weights=tuple(parse_family_weights(a.family_weights).items()) or prof.family_weights,
                    learning_rate=a.learning_rate or prof.learning_rate,
                    prompt_no_grad=a.prompt_no_grad or prof.prompt_no_grad,
+                   tool_name_weight=a.tool_name_weight or prof.tool_name_weight,
                    borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
@@ -67,6 +70,7 @@ def main() -> None:
                "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
                "mixup_detours": prof.mixup_detours, "learning_rate": prof.learning_rate,
                "borrow_detours": prof.borrow_detours, "prompt_no_grad": prof.prompt_no_grad,
+               "tool_name_weight": prof.tool_name_weight,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

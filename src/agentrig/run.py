@@ -67,6 +67,7 @@ class Profile:
     lora_num_layers: int | None = None  # LoRA on the last N decoder layers (None: all); cheaper steps, docs/training.md
     neftune_alpha: float | None = None  # NEFTune noise on the input embeddings while training (None: off), docs/training.md
     prompt_no_grad: bool = False  # each sample's context encoded without gradient (TrainConfig.prompt_no_grad)
+    tool_name_weight: float = 1.0  # SFT loss weight of the tool-name tokens (TrainConfig.tool_name_weight; 1: plain)
     # SFT with each decoder layer compiled (TrainConfig.torch_compile) when it trains on a CPU: measured there only
     # (1.23x a step, compilation paid back after about 70 steps; benchmarks/torch_compile.py)
     torch_compile: bool = False
@@ -324,6 +325,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
                        lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, lora_target=prof.lora_target,
                        lora_num_layers=prof.lora_num_layers, neftune_noise_alpha=prof.neftune_alpha,
                        prompt_no_grad=prof.prompt_no_grad,
+                       tool_name_weight=prof.tool_name_weight if stage == "sft" else 1.0,
                        torch_compile=_compiles(prof, stage),
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,

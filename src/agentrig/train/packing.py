@@ -73,22 +73,30 @@ def pack_rows(samples: list[TokenizedSample], max_len: int, packing: bool = True
     return [_row([samples[i] for i in sorted(b)], max_len) for b in bins]
 
 
-def collate_rows(rows: list[dict[str, list[int]]], pad_id: int) -> dict[str, Any]:
-    """Pad rows to the longest into tensors; the pad tail is its own segment (positions from 0, labels -100)."""
+def collate_rows(rows: list[dict[str, list[Any]]], pad_id: int) -> dict[str, Any]:
+    """Pad rows to the longest into tensors; the pad tail is its own segment (positions from 0, labels -100).
+
+    Rows with `label_weights` (per-token loss weights, `keytokens.py`) get them as a float tensor too.
+    """
     import torch
 
     width = max(len(r["input_ids"]) for r in rows)
-    input_ids, labels, position_ids = [], [], []
+    input_ids, labels, position_ids, weights = [], [], [], []
     for r in rows:
         pad = width - len(r["input_ids"])
         input_ids.append(r["input_ids"] + [pad_id] * pad)
         labels.append(r["labels"] + [IGNORE] * pad)
         position_ids.append(r["position_ids"] + list(range(pad)))
-    return {
+        if "label_weights" in r:
+            weights.append(r["label_weights"] + [0.0] * pad)
+    batch = {
         "input_ids": torch.tensor(input_ids, dtype=torch.long),
         "labels": torch.tensor(labels, dtype=torch.long),
         "position_ids": torch.tensor(position_ids, dtype=torch.long),
     }
+    if weights:
+        batch["label_weights"] = torch.tensor(weights, dtype=torch.float32)
+    return batch
 
 
 class RowCollator:
@@ -104,11 +112,11 @@ class RowCollator:
         self.padding_free = padding_free
 
     def __call__(self, rows: list[dict[str, list[int]]]) -> dict[str, Any]:
-        """Collate rows (dicts with `input_ids`, `labels`, `position_ids`)."""
+        """Collate rows (dicts with `input_ids`, `labels`, `position_ids`, and optionally `label_weights`)."""
         import torch
 
         if self.padding_free and len(rows) > 1:
-            rows = [{key: [x for r in rows for x in r[key]] for key in ("input_ids", "labels", "position_ids")}]
+            rows = [{key: [x for r in rows for x in r[key]] for key in rows[0]}]
         batch = collate_rows(rows, self.pad_id)
         batch["num_tokens"] = torch.tensor(sum(len(r["input_ids"]) for r in rows))
         return batch

@@ -67,6 +67,10 @@ class TrainConfig:
         "NEFTune: uniform noise of scale alpha / sqrt(row length x hidden size) added to the input embeddings "
         "while training (transformers' hook; LLaMA-Factory, TRL and Axolotl use this name; the paper's alpha: 5); "
         "unset = off"))
+    tool_name_weight: float = field(default=1.0, metadata=_help(
+        "SFT: loss weight of the supervised tokens that name the tool of a `<tool_call>` (the tool choice), the "
+        "other supervised tokens 1, the sum still divided by their count (TL-Training's key tokens; keytokens.py); "
+        "1 = the plain loss"))
     per_device_train_batch_size: int = field(default=2, metadata=_help(
         "rows per device per micro-batch; with packing a row holds several samples"))
     gradient_accumulation_steps: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
@@ -388,6 +392,10 @@ def _validate(config: TrainConfig) -> None:
         raise ConfigError(f"pref_ftx must be >= 0 (0 = plain DPO), got {config.pref_ftx}")
     if config.neftune_noise_alpha is not None and config.neftune_noise_alpha <= 0:
         raise ConfigError(f"neftune_noise_alpha must be positive (or unset for no noise), got {config.neftune_noise_alpha}")
+    if config.tool_name_weight <= 0:
+        raise ConfigError(f"tool_name_weight must be positive (1 = the plain loss), got {config.tool_name_weight}")
+    if config.tool_name_weight != 1.0 and config.stage != "sft":
+        raise ConfigError(f"tool_name_weight weights SFT's token loss; stage {config.stage!r} has none: leave it at 1")
     if config.lora_num_layers is not None and config.lora_num_layers < 1:
         raise ConfigError(f"lora_num_layers must be at least 1 (or unset for every layer), got {config.lora_num_layers}")
     if not config.target_modules():
