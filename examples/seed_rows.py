@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--borrow-detours", type=float, default=None, help="share of detours with a borrowed field (default: 0)")
     ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
     ap.add_argument("--prompt-no-grad", action="store_true", help="SFT with prompt_no_grad (default: the profile's)")
-    ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 1)")
+    ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 5; 1 is the plain loss)")
     ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
     from agentrig import run

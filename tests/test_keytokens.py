@@ -46,6 +46,19 @@ def test_the_weighted_tokens_of_real_samples_are_exactly_their_supervised_calls_
     assert prose_mentions > 0  # the detours and retries name tools in prose: those tokens were not weighted
 
 
+@pytest.mark.parametrize("text, names", [
+    ('<tool_call>\n{"name": "sales_total", "arguments": {"region": "North"}}\n</tool_call>', ["sales_total"]),
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', ["get_weather"]),  # Llama 3.1
+    ('[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b_c", "arguments": {"x": 1}}]', ["a", "b_c"]),  # Mistral
+    ('sales_total failed; {"name": "Ada"} is a customer, not a call.', []),  # prose and plain JSON
+])
+def test_the_names_of_calls_in_each_template_form_are_found_and_nothing_else(text, names):
+    ids = [ord(c) for c in text]  # one character per token
+    positions = tool_name_positions(ids, ids, chr)
+    assert ["".join(text[p] for p in g) for g in _groups(positions)] == names
+    assert tool_name_positions(ids, [-100] * len(ids), chr) == []  # unsupervised text is never weighted
+
+
 def test_packed_rows_carry_the_weights_through_both_collations(smol_tokenizer):
     text = 'Checking.\n<tool_call>\n{"name": "sales_total", "arguments": {"region": "North"}}\n</tool_call>'
     reply = smol_tokenizer(text, add_special_tokens=False)["input_ids"]

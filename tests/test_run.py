@@ -94,6 +94,8 @@ def test_profiles_use_the_measured_recipe_and_fit_the_budget(profile, tmp_path, 
 
     assert sft.torch_compile == (profile != "tiny" and has_cpp_compiler())
     assert not any(d.torch_compile for d in dpo)
+    # the tool-name tokens weighted 5x in SFT's loss (docs/training.md, row 29); DPO has no token loss to weight
+    assert sft.tool_name_weight == 5.0 and all(d.tool_name_weight == 1.0 for d in dpo)
     with monkeypatch.context() as patched:
         patched.setattr("shutil.which", lambda name: None)
         assert not _compiles(PROFILES[profile], "sft")

@@ -5,14 +5,14 @@ tokens) among the ~200 supervised ones of the call's JSON, the retry sentences a
 mean its gradient is a few percent of a step's, while choosing a tool the request does not need is the adapter's
 most frequent failure (`wrong_tool`, docs/evaluation.md). TL-Training (Ye et al., EMNLP Findings 2025) measured
 that token importance in tool-use SFT is that uneven and reweights the key tokens; `tool_name_weight` is the
-narrow, fixed form of that: every supervised token whose text overlaps the `"name"` value of a `<tool_call>`
-block is weighted `w` in the loss, the others 1, and the sum is still divided by the number of supervised tokens,
+narrow, fixed form of that: every supervised token whose text overlaps the `"name"` value of a tool call's JSON
+(`{"name": ..., "arguments": ...}`; `"parameters"` in Llama 3.1's form) is weighted `w` in the loss, the others 1, and the sum is still divided by the number of supervised tokens,
 so `w = 1` is exactly the plain loss and the other tokens' gradients are unchanged.
 
 The tool names are found in the token ids themselves, not by tokenizing again: each supervised run of tokens is
-decoded piece by piece, the Hermes call pattern is matched in the joined pieces, and the tokens under a matched
-name get the weight. A sample written in another call format (no `<tool_call>` blocks) gets no key tokens, which
-`key_token_stats` reports so a run that weights nothing says so.
+decoded piece by piece, the call pattern is matched in the joined pieces, and the tokens under a matched name get
+the weight; a tool named in prose ("sales_total failed ...") is not a call and keeps weight 1. Data in which no
+supervised token names a tool is refused by the trainer, so a key that would weight nothing says so.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from typing import Any
 
 from agentrig.data.render import IGNORE_INDEX
 
-NAME_PATTERN = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([^"]+)"')
+# a call's JSON as chat templates write it: Hermes' `<tool_call>{"name": ..., "arguments": ...}`, Llama 3.1's
+# `{"name": ..., "parameters": ...}`, Mistral's `[TOOL_CALLS][{"name": ..., "arguments": ...}]`
+NAME_PATTERN = re.compile(r'\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"(?:arguments|parameters)"\s*:')
 
 
 def supervised_runs(labels: list[int]) -> list[tuple[int, int]]:
@@ -41,7 +43,7 @@ def supervised_runs(labels: list[int]) -> list[tuple[int, int]]:
 
 
 def tool_name_positions(input_ids: list[int], labels: list[int], piece: Callable[[int], str]) -> list[int]:
-    """Supervised positions whose token overlaps the tool name of a `<tool_call>` the position's run writes.
+    """Supervised positions whose token overlaps the tool name of a call written in the position's run.
 
     `piece(token_id)` is the token's text (the tokenizer's decode of that one id).
     """

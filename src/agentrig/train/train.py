@@ -313,7 +313,8 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         key = add_label_weights(rows, tokenizer, config.tool_name_weight)["key_tokens"]
         if key == 0:
             raise DataError(f"{config.dataset}: tool_name_weight {config.tool_name_weight} but no supervised token "
-                            "names a tool in a <tool_call> block (another call format?): leave tool_name_weight at 1")
+                            "names a tool in a call's JSON ({\"name\": ..., \"arguments\": ...}): leave "
+                            "tool_name_weight at 1 for data without tool calls")
         stats.update(key_tokens=key)
     model = _setup_model(config)
     peft_config = None if config.adapter_name_or_path else _lora_config(config, model)
