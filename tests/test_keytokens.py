@@ -10,7 +10,7 @@ from test_train_keys import episodes_and_build  # noqa: F401 (fixture)
 
 from agentrig.errors import ConfigError, DataError
 from agentrig.train.keytokens import add_label_weights, piece_function, tool_name_positions
-from agentrig.train.packing import RowCollator, TokenizedSample, pack_rows
+from agentrig.train.packing import RowCollator, TokenizedSample, pack_rows, packing_stats
 
 
 def _groups(positions: list[int]) -> list[list[int]]:
@@ -65,12 +65,13 @@ def test_packed_rows_carry_the_weights_through_both_collations(smol_tokenizer):
     prompt = smol_tokenizer("Say sales_total for North.", add_special_tokens=False)["input_ids"]
     samples = [TokenizedSample(f"s{i}", prompt + reply, [-100] * len(prompt) + reply) for i in range(3)]
     rows = pack_rows(samples, max_len=3 * len(prompt + reply))
-    counts = add_label_weights(rows, smol_tokenizer, 4.0)
+    key_tokens = add_label_weights(rows, smol_tokenizer, 4.0)
     assert len(rows) == 1 and set(rows[0]["label_weights"]) == {1.0, 4.0}
     weighted = [i for i, w in enumerate(rows[0]["label_weights"]) if w == 4.0]
     assert [smol_tokenizer.decode([rows[0]["input_ids"][i] for i in g]).strip() for g in _groups(weighted)] \
         == ["sales_total"] * 3
-    assert counts == {"key_tokens": len(weighted), "supervised_tokens": 3 * len(reply)}
+    assert key_tokens == len(weighted)
+    assert packing_stats(rows, 3 * len(prompt + reply))["supervised_tokens"] == 3 * len(reply)
     short = {key: rows[0][key][:5] for key in ("input_ids", "labels", "position_ids", "label_weights")}
     for padding_free, shape in ((False, (2, len(rows[0]["input_ids"]))), (True, (1, len(rows[0]["input_ids"]) + 5))):
         batch = RowCollator(0, padding_free=padding_free)(rows + [short])

@@ -6,8 +6,9 @@ mean its gradient is a few percent of a step's, while choosing a tool the reques
 most frequent failure (`wrong_tool`, docs/evaluation.md). TL-Training (Ye et al., EMNLP Findings 2025) measured
 that token importance in tool-use SFT is that uneven and reweights the key tokens; `tool_name_weight` is the
 narrow, fixed form of that: every supervised token whose text overlaps the `"name"` value of a tool call's JSON
-(`{"name": ..., "arguments": ...}`; `"parameters"` in Llama 3.1's form) is weighted `w` in the loss, the others 1, and the sum is still divided by the number of supervised tokens,
-so `w = 1` is exactly the plain loss and the other tokens' gradients are unchanged.
+(`{"name": ..., "arguments": ...}`; `"parameters"` in Llama 3.1's form) is weighted `w` in the loss, the others 1,
+and the sum is still divided by the number of supervised tokens, so `w = 1` is exactly the plain loss and the other
+tokens' gradients are unchanged.
 
 The tool names are found in the token ids themselves, not by tokenizing again: each supervised run of tokens is
 decoded piece by piece, the call pattern is matched in the joined pieces, and the tokens under a matched name get
@@ -17,6 +18,7 @@ supervised token names a tool is refused by the trainer, so a key that would wei
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -28,17 +30,14 @@ from agentrig.data.render import IGNORE_INDEX
 NAME_PATTERN = re.compile(r'\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"(?:arguments|parameters)"\s*:')
 
 
-def supervised_runs(labels: list[int]) -> list[tuple[int, int]]:
+def _supervised_runs(labels: list[int]) -> list[tuple[int, int]]:
     """Maximal [start, end) spans of positions whose label is supervised."""
-    runs, start = [], None
-    for i, label in enumerate(labels):
-        if label != IGNORE_INDEX and start is None:
-            start = i
-        elif label == IGNORE_INDEX and start is not None:
-            runs.append((start, i))
-            start = None
-    if start is not None:
-        runs.append((start, len(labels)))
+    runs, start = [], 0
+    for supervised, group in itertools.groupby(labels, key=lambda label: label != IGNORE_INDEX):
+        end = start + sum(1 for _ in group)
+        if supervised:
+            runs.append((start, end))
+        start = end
     return runs
 
 
@@ -48,7 +47,7 @@ def tool_name_positions(input_ids: list[int], labels: list[int], piece: Callable
     `piece(token_id)` is the token's text (the tokenizer's decode of that one id).
     """
     found: list[int] = []
-    for start, end in supervised_runs(labels):
+    for start, end in _supervised_runs(labels):
         pieces = [piece(t) for t in input_ids[start:end]]
         offsets, text = [], ""
         for p in pieces:
@@ -75,18 +74,17 @@ def piece_function(tokenizer: Any) -> Callable[[int], str]:
     return piece
 
 
-def add_label_weights(rows: list[dict[str, list[Any]]], tokenizer: Any, weight: float) -> dict[str, int]:
-    """Give each packed row `label_weights` (1.0, or `weight` at tool-name tokens); returns the counts.
+def add_label_weights(rows: list[dict[str, list[Any]]], tokenizer: Any, weight: float) -> int:
+    """Give each packed row `label_weights` (1.0, or `weight` at tool-name tokens); returns how many were weighted.
 
     The row's first label of every sample is already -100 (`packing._row`), so no run crosses two samples.
     """
     piece = piece_function(tokenizer)
-    weighted = supervised = 0
+    weighted = 0
     for row in rows:
         weights = [1.0] * len(row["input_ids"])
         for i in tool_name_positions(row["input_ids"], row["labels"], piece):
             weights[i] = weight
             weighted += 1
-        supervised += sum(1 for x in row["labels"] if x != IGNORE_INDEX)
         row["label_weights"] = weights
-    return {"key_tokens": weighted, "supervised_tokens": supervised}
+    return weighted

@@ -310,7 +310,7 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
     if config.tool_name_weight != 1.0:  # the validation rows keep the plain loss, comparable across runs
         from agentrig.train.keytokens import add_label_weights
 
-        key = add_label_weights(rows, tokenizer, config.tool_name_weight)["key_tokens"]
+        key = add_label_weights(rows, tokenizer, config.tool_name_weight)
         if key == 0:
             raise DataError(f"{config.dataset}: tool_name_weight {config.tool_name_weight} but no supervised token "
                             "names a tool in a call's JSON ({\"name\": ..., \"arguments\": ...}): leave "

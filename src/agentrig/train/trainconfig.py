@@ -68,7 +68,7 @@ class TrainConfig:
         "while training (transformers' hook; LLaMA-Factory, TRL and Axolotl use this name; the paper's alpha: 5); "
         "unset = off"))
     tool_name_weight: float = field(default=1.0, metadata=_help(
-        "SFT: loss weight of the supervised tokens that name the tool of a `<tool_call>` (the tool choice), the "
+        "SFT: loss weight of the supervised tokens that name the tool in a call's JSON (the tool choice), the "
         "other supervised tokens 1, the sum still divided by their count (TL-Training's key tokens; keytokens.py); "
         "1 = the plain loss"))
     per_device_train_batch_size: int = field(default=2, metadata=_help(
