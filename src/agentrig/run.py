@@ -68,7 +68,7 @@ class Profile:
     neftune_alpha: float | None = None  # NEFTune noise on the input embeddings while training (None: off), docs/training.md
     prompt_no_grad: bool = False  # each sample's context encoded without gradient (TrainConfig.prompt_no_grad)
     # SFT loss weight of the tokens naming a call's tool (TrainConfig.tool_name_weight; 1: the plain loss); 5 measured
-    # at seed 0 against 1: `test` +7 -0, `dev` +2 -4, unseen tools +2 -0 (docs/training.md, row 29)
+    # against 1 at two training seeds: `test` +15 -3, `dev` +7 -5, unseen tools +3 -4 (docs/training.md, rows 29, 29s1)
     tool_name_weight: float = 1.0
     # SFT with each decoder layer compiled (TrainConfig.torch_compile) when it trains on a CPU: measured there only
     # (1.23x a step, compilation paid back after about 70 steps; benchmarks/torch_compile.py)
