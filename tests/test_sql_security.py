@@ -99,3 +99,27 @@ def test_run_sql_never_builds_or_returns_a_huge_value():
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
     assert grown_mb < 150, f"the process grew by {grown_mb:.0f} MB"
     assert run_readonly_sql(guarded, "SELECT count(*) FROM orders")["rows"][0][0] > 0  # still serves reads
+
+
+def test_a_missing_table_or_column_is_answered_with_what_exists():
+    """The adapter's `stuck` episodes resent `run_sql` with a column that does not exist (`c.currency`) after the
+    bare SQLite message; the refusal now names the columns of the tables the query uses (with its aliases), or
+    every table when the table itself is missing, and a query fixed from it runs."""
+    env = load_env("datadesk")
+    task = TaskSpec(id="hint", prompt="Farid Costa's orders", env="datadesk", allowed_tools=["run_sql"])
+    tools, state = env.setup(task)
+    bad_col = ("SELECT c.customer_id, c.name, c.currency FROM customers c JOIN regions r ON r.region_id = c.region_id "
+               "WHERE lower(c.name) = lower('Farid Costa')")
+    fixed = bad_col.replace("c.currency", "r.currency")
+    replies = [_sql(bad_col), _sql("SELECT * FROM sales"), _sql("SELECT stock FROM orders"), _sql(fixed), "done"]
+    ep = run_episode(task, tools, ScriptedPolicy(replies), HarnessConfig(max_steps=10), episode_id="hint")
+    col, table, bare, ok = [s.results[0] for s in ep.steps if s.results]
+    assert not col.ok and col.content == (
+        "Tool execution failed: SQLRefused: no such column: c.currency; customers c has customer_id, name, "
+        "region_id, segment, email; regions r has region_id, name, currency, manager_email")
+    assert not table.ok and table.content.endswith(
+        "no such table: sales; the tables are customers, exchange_rates, inventory, orders, products, regions, tickets")
+    assert not bare.ok and "orders has order_id, customer_id, sku, month, quantity, amount, currency" in bare.content
+    assert "customers has" not in bare.content  # only the tables the query names
+    assert ok.ok and '"Farid Costa"' in ok.content
+    env.close(state)

@@ -9,7 +9,8 @@ through `run_sql` and shapes the rows with the same function, so both paths agre
 action except reading tables and calling functions (no writes, DDL, PRAGMA, ATTACH, transactions), the
 sqlite3 module refuses more than one statement per call, at most `SQL_MAX_ROWS` rows come back, and a
 progress handler stops any query after `SQL_TIME_LIMIT_S` seconds. Refusals raise `SQLRefused`, which the
-harness turns into a "Tool execution failed: SQLRefused: ..." observation.
+harness turns into a "Tool execution failed: SQLRefused: ..." observation; a missing table or column is answered
+with the tables, or the named tables' columns, that exist (`schema_hint`).
 
 Tools are defined once per process from the typed, docstringed methods of `DatadeskAPI` and bound to
 a fresh `DatadeskState` per episode by copying (defining a tool validates its schema, ~1 ms each).
@@ -296,6 +297,37 @@ def open_sql_connection(path: str | Path) -> SQLConnection:
     return SQLConnection(conn, denied)
 
 
+# A table a query names after FROM or JOIN, and the alias that may follow it.
+_TABLE_REF = re.compile(r"\b(?:FROM|JOIN)\s+([A-Za-z_]\w*)(?:\s+(?:AS\s+)?([A-Za-z_]\w*))?", re.IGNORECASE)
+_NOT_ALIAS = {"where", "join", "on", "left", "right", "inner", "outer", "cross", "natural", "group", "order", "limit",
+              "using", "union", "having", "as"}
+
+
+def schema_hint(conn: sqlite3.Connection, query: str, message: str) -> str:
+    """`message` with what a refused query could have used instead, when SQLite says a table or column does not
+    exist: every table's name for a missing table; for a missing column, the columns of the tables the query
+    names (with their aliases), or of every table when it names none that exists. Other messages are unchanged.
+    `conn` is an unguarded connection to the same database (the guarded one refuses PRAGMA)."""
+    if not message.startswith(("no such column", "no such table")):
+        return message
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    if message.startswith("no such table"):
+        return f"{message}; the tables are {', '.join(tables)}"
+    known = {t.lower(): t for t in tables}
+    refs: dict[str, str] = {}
+    for name, alias in _TABLE_REF.findall(query):
+        if name.lower() in known:
+            t = known[name.lower()]
+            refs.setdefault(t, "")
+            if alias and alias.lower() not in _NOT_ALIAS and alias.lower() != t.lower():
+                refs[t] = alias
+    parts = []
+    for t in refs or dict.fromkeys(tables, ""):
+        cols = ", ".join(r[1] for r in conn.execute(f"PRAGMA table_info({t})"))
+        parts.append(f"{t}{' ' + refs[t] if refs.get(t) else ''} has {cols}")
+    return f"{message}; " + "; ".join(parts)
+
+
 def run_readonly_sql(guarded: SQLConnection, query: str, max_rows: int = SQL_MAX_ROWS,
                      time_limit_s: float = SQL_TIME_LIMIT_S) -> dict[str, Any]:
     """Run one read-only statement on an `open_sql_connection`; raise `SQLRefused` with a clear reason."""
@@ -520,7 +552,10 @@ class DatadeskAPI:
             query: One SQLite SELECT statement.
         """
         assert self.state is not None
-        return run_readonly_sql(self.state.sql_conn(), query)
+        try:
+            return run_readonly_sql(self.state.sql_conn(), query)
+        except SQLRefused as exc:  # a missing table or column: name the ones that exist, so the query can be fixed
+            raise SQLRefused(schema_hint(self.state.conn(), query, str(exc))) from None
 
     def list_tickets(self, customer_id: str, status: str = "") -> dict[str, Any] | str:
         """List a customer's support tickets, optionally only those with one status.
