@@ -296,6 +296,37 @@ def test_borrowed_field_detour_sends_another_tools_field_then_the_corrected_call
     assert seen >= 8 and same >= 8, (seen, same)
 
 
+def test_sql_detour_sends_a_wrong_column_then_names_it_and_sends_the_right_query(env):
+    """An SQL detour: the episode's first `run_sql` query (the fallback after "No result", or `sql_query`'s own)
+    first sent with a column its table does not have (weight 0, really executed and refused, the refusal listing
+    the columns that exist), then a supervised step that names the refused column and sends the query the teacher
+    always sends; the episode still succeeds. Episodes without a `run_sql` call are unchanged."""
+    from agentrig.envs.datadesk.teacher import TABLE_COLUMNS
+
+    seen, same = 0, 0
+    tasks = [t for t in env.tasks("train", 120, seed=4) if t.family in ("impossible", "sql_query", "single_lookup")]
+    for task, _, plain, detoured in _without_and_with(env, tasks, "sql_rate"):
+        uses_sql = any(c.name == "run_sql" for s in plain.steps for c in s.calls)
+        if not uses_sql:
+            assert [s.raw_output for s in plain.steps] == [s.raw_output for s in detoured.steps], task.id
+            same += 1
+            continue
+        seen += 1
+        i = next(i for i, s in enumerate(plain.steps) if any(c.name == "run_sql" for c in s.calls))
+        assert [s.raw_output for s in detoured.steps[:i]] == [s.raw_output for s in plain.steps[:i]]
+        wrong, right = detoured.steps[i], detoured.steps[i + 1]
+        (bad,), good = wrong.calls, [c for c in plain.steps[i].calls]
+        assert wrong.weight == 0.0 and bad.name == "run_sql" and bad.arguments != good[0].arguments
+        ref = re.search(r"no such column: ([\w.]+);", wrong.results[0].content).group(1)
+        assert ref not in good[0].arguments["query"] and not wrong.results[0].ok
+        assert ref.split(".")[-1] in {c for cols in TABLE_COLUMNS.values() for c in cols}  # a real column, misplaced
+        assert " has " in wrong.results[0].content  # the refusal lists the columns that exist
+        assert right.weight == 1.0 and right.text == f"run_sql refused that query (no such column: {ref}); here is the corrected one."
+        assert [(c.name, c.arguments) for c in right.calls] == [(c.name, c.arguments) for c in good]
+        assert [s.raw_output for s in detoured.steps[i + 2:]] == [s.raw_output for s in plain.steps[i + 1:]]
+    assert seen >= 5 and same >= 5, (seen, same)
+
+
 def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     from agentrig.data.collect import CollectConfig, _expert
     from agentrig.errors import ConfigError
@@ -306,6 +337,9 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="has no borrowed-field detours"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", borrow_detours=0.5))
     assert _expert(load_env("datadesk"), CollectConfig(borrow_detours=0.5)).borrow_rate == 0.5
+    with pytest.raises(ConfigError, match="has no SQL detours"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", sql_detours=0.5))
+    assert _expert(load_env("datadesk"), CollectConfig(sql_detours=0.5)).sql_rate == 0.5
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

@@ -80,6 +80,7 @@ class Profile:
     repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
     borrow_detours: float = 0.0  # share of detours that send a field borrowed from another tool (the expert's borrow_rate)
     mixup_detours: float = 0.0  # share of teacher episodes with a mix-up detour (the expert's mixup_rate)
+    sql_detours: float = 0.0  # share of teacher episodes whose first run_sql query is sent wrong first (sql_rate)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
@@ -271,10 +272,11 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     out = root / "collect" / f"{name}.jsonl"
     env = load_env(cfg.env, cfg.tasks)
     renames = teacher == "expert" and bool(env.tool_aliases)  # an env without aliases: none
-    # an expert without repeat, mix-up or borrowed-field detours (its expert() takes no such rate): none
+    # an expert without repeat, mix-up, borrowed-field or SQL detours (its expert() takes no such rate): none
     repeats = teacher == "expert" and expert_takes(env, "repeat_rate")
     mixups = teacher == "expert" and expert_takes(env, "mixup_rate")
     borrows = teacher == "expert" and expert_takes(env, "borrow_rate")
+    sqls = teacher == "expert" and expert_takes(env, "sql_rate")
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
@@ -283,6 +285,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          repeat_detours=prof.repeat_detours if repeats else 0.0,
                          mixup_detours=prof.mixup_detours if mixups else 0.0,
                          borrow_detours=prof.borrow_detours if borrows else 0.0,
+                         sql_detours=prof.sql_detours if sqls else 0.0,
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)

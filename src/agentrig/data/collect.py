@@ -105,6 +105,9 @@ class CollectConfig:
                                "and makes the right call (datadesk's expert)")
     borrow_detours: float = opt(0.0, "share of detour steps (--detours) that send a field borrowed from another "
                                 "offered tool's signature, refused as an unexpected field (datadesk's expert)")
+    sql_detours: float = opt(0.0, "share of episodes whose first run_sql query is first sent with a column its table "
+                             "does not have (masked in training), then named from the refusal and corrected "
+                             "(datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
@@ -120,7 +123,8 @@ class CollectConfig:
         for name in ("episodes", "workers", "max_steps", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("faults", "paraphrase", "rename", "detours", "repeat_detours", "mixup_detours", "borrow_detours"):
+        for name in ("faults", "paraphrase", "rename", "detours", "repeat_detours", "mixup_detours", "borrow_detours",
+                     "sql_detours"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name.replace('_', '-')} is a share between 0 and 1, got {getattr(self, name)}")
         if self.teacher not in TEACHERS:
@@ -131,7 +135,8 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
-        for k in ("repeat_detours", "mixup_detours", "borrow_detours", "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
+        for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "repeat_notice",
+                  "family_weights"):  # newer settings: at their defaults, an older file's identity
             if not d[k]:
                 d.pop(k)
         return d
@@ -215,7 +220,8 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
     extra: dict[str, float] = {}
     for flag, kind, param, rate in (("--repeat-detours", "repeat", "repeat_rate", cfg.repeat_detours),
                                     ("--mixup-detours", "mix-up", "mixup_rate", cfg.mixup_detours),
-                                    ("--borrow-detours", "borrowed-field", "borrow_rate", cfg.borrow_detours)):
+                                    ("--borrow-detours", "borrowed-field", "borrow_rate", cfg.borrow_detours),
+                                    ("--sql-detours", "SQL", "sql_rate", cfg.sql_detours)):
         if rate <= 0:
             continue
         if not expert_takes(env, param):

@@ -18,7 +18,10 @@ and the `repeated_after_success` notice, and the next, supervised step goes on f
 state a student reaches by itself, and the way out of it. Mix-up detours (`mixup_rate`): the first call's
 region, customer or product name is first sent to a look-up of another kind of thing that the task offers
 (`find_customer` for "Coastal"; weight 0, really executed), and the next, supervised step says what the name is and
-makes the right call. Long tasks call `note` after each finished sub-goal.
+makes the right call. SQL detours (`sql_rate`): the episode's first `run_sql` query (a fallback or the
+`sql_query` family's own) is first sent with a column its table does not have (weight 0, really executed), and
+the next, supervised step names the column the refusal named and sends the right query. Long tasks call `note`
+after each finished sub-goal.
 Not handled: environments other than datadesk (their `expert()` supplies their own policy).
 """
 
@@ -26,11 +29,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
 from agentrig.envs.base import classify_observation as classify
+from agentrig.envs.datadesk.db import SCHEMA
 from agentrig.envs.datadesk.tasks import NO_TOOL_ANSWERS
 from agentrig.envs.datadesk.tools import LOOKUPS, NO_RESULT, SEEN_TOOLS, inline_sql
 from agentrig.harness import PolicyReply, PolicyRequest
@@ -67,6 +72,40 @@ _MIXUPS = {"region": [("find_customer", "name", "customer"), ("find_product", "n
                         ("stock_level", "sku", "SKU")],
            "product": [("find_customer", "name", "customer"), ("stock_level", "sku", "SKU")]}
 
+# The database's columns per table (from the schema the database is built with), for the SQL detours.
+TABLE_COLUMNS: dict[str, list[str]] = {
+    m.group(1): [c.split()[0] for c in re.split(r",\s*(?![^()]*\))", m.group(2)) if not c.startswith("PRIMARY")]
+    for m in re.finditer(r"CREATE TABLE (\w+) \((.*?)\);", SCHEMA, re.S)}
+_SQL_TOKEN = re.compile(r"'(?:[^']|'')*'|\b([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b|\b([A-Za-z_]\w*)\b")
+_SQL_REF = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)(?:\s+(?!(?:WHERE|JOIN|ON|LEFT|INNER|GROUP|ORDER|LIMIT)\b)(\w+))?",
+                      re.IGNORECASE)
+
+
+def wrong_column(query: str, rng: random.Random) -> tuple[str, str] | None:
+    """`query` with one column reference replaced by a column its table does not have, and the reference SQLite
+    will name ("c.currency", "name"): the mistake a student makes writing the fallback SQL (a column of the
+    joined table, or of another table, put on the wrong one). A column of another table in the same query is
+    preferred. None when the query references no column of a known table."""
+    refs = [(t, a or t) for t, a in _SQL_REF.findall(query) if t in TABLE_COLUMNS]
+    if not refs:
+        return None
+    alias_table = {a: t for t, a in refs}
+    spots: list[tuple[int, int, str, str]] = []  # (start, end, alias or "", table)
+    for m in _SQL_TOKEN.finditer(query):
+        if m.group(1) and m.group(1) in alias_table and m.group(2) in TABLE_COLUMNS[alias_table[m.group(1)]]:
+            spots.append((m.start(), m.end(), m.group(1), alias_table[m.group(1)]))
+        elif m.group(3) and len(refs) == 1 and m.group(3) in TABLE_COLUMNS[refs[0][0]]:
+            spots.append((m.start(), m.end(), "", refs[0][0]))
+    if not spots:
+        return None
+    start, end, alias, table = rng.choice(spots)
+    own = set(TABLE_COLUMNS[table])
+    near = sorted({c for t, _ in refs if t != table for c in TABLE_COLUMNS[t]} - own)
+    far = sorted({c for cols in TABLE_COLUMNS.values() for c in cols} - own)
+    col = rng.choice(near or far)
+    ref = f"{alias}.{col}" if alias else col
+    return query[:start] + ref + query[end:], ref
+
 
 @dataclass
 class Action:
@@ -76,6 +115,7 @@ class Action:
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     weight: float = 1.0
     final: bool = False
+    observed: bool = False  # a weight-0 step whose observation the solver still reads (the SQL detour)
 
 
 @dataclass
@@ -127,7 +167,7 @@ class EpisodeSolver:
     """One episode's solver state: the generator, its RNG, the name mapping, and the tools offered."""
 
     def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0,
-                 mixup_rate: float = 0.0, borrow_rate: float = 0.0):
+                 mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -148,6 +188,9 @@ class EpisodeSolver:
         # borrowed-field detours: their own RNG, so the other detours stay as they were when the share is 0
         self.borrow_rate = borrow_rate
         self.borrow_rng = random.Random(f"teacher-borrow/{seed}/{task.id}")
+        # SQL detours: their own RNG; the episode's first run_sql query is first sent with a wrong column
+        self.sql_rng = random.Random(f"teacher-sql/{seed}/{task.id}")
+        self.sql_detour = sql_rate > 0 and self.sql_rng.random() < sql_rate
 
     # -- naming ---------------------------------------------------------------------------------
     def name(self, tool: str) -> str:
@@ -192,6 +235,12 @@ class EpisodeSolver:
                     yield self._repeat(last)  # its observation is ignored (weight 0): the first result stands
                 by_key = dict(zip(unique, state))
                 return [by_key[k].value for k in keys]
+            if self.sql_detour and (bad := self._bad_sql(pending)) is not None:
+                self.sql_detour = False
+                seen = yield Action(text=text, calls=[("run_sql", {"query": bad[0]})], weight=0.0, observed=True)
+                refused = bool(seen) and f"no such column: {bad[1]}" in seen[0]
+                text = (f"{self.name('run_sql')} refused that query (no such column: {bad[1]}); here is the "
+                        "corrected one." if refused else "")
             calls = [self._wire(r) for r in pending]
             last = (pending, calls)
             obs = yield Action(text=text, calls=calls)
@@ -199,6 +248,21 @@ class EpisodeSolver:
             for r, content in zip(pending, obs):
                 notes.append(self._observe(r, content))
             text = " ".join(n for n in notes if n)
+
+    def _bad_sql(self, pending: list[_Req]) -> tuple[str, str] | None:
+        """The first `run_sql` query this round sends for the first time, with a wrong column (`wrong_column`),
+        and the reference SQLite will refuse; None when this round sends none or it references no column."""
+        if not self.offers("run_sql"):
+            return None
+        for r in pending:
+            if r.tries == 0 and r.mode == "sql" and r.tool != "calculator":
+                query = inline_sql(r.tool, r.args)
+            elif r.tries == 0 and r.mode == "api" and r.tool == "run_sql":
+                query = r.args["query"]
+            else:
+                continue
+            return wrong_column(query, self.sql_rng)
+        return None
 
     def _repeat_now(self, last: tuple[list[_Req], list[tuple[str, dict[str, Any]]]] | None) -> bool:
         """Whether to send the last round's call again: the first round of one call that answered at its first
@@ -665,8 +729,9 @@ class ExpertTeacher:
     """The datadesk expert as a harness policy (`generate(request) -> PolicyReply`)."""
 
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
-                 repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0):
+                 repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0):
         self.detour_rate = detour_rate
+        self.sql_rate = sql_rate
         self.borrow_rate = borrow_rate
         self.repeat_rate = repeat_rate
         self.mixup_rate = mixup_rate
@@ -680,12 +745,12 @@ class ExpertTeacher:
         key = request.episode_id or request.task.id
         if request.step == 0 or key not in self._live:
             ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate,
-                               self.borrow_rate)
+                               self.borrow_rate, self.sql_rate)
             action = next(ep.gen)
         else:
             ep, prev = self._live[key]
             obs = last_observations(request.messages) if prev and prev.calls and prev.calls[0][0] != "note" else []
-            if prev is not None and prev.weight == 0.0:
+            if prev is not None and prev.weight == 0.0 and not prev.observed:
                 obs = []  # a detour's rejection: the solver ignores it and writes the right call
             try:
                 action = ep.gen.send(obs)
