@@ -80,7 +80,9 @@ class Profile:
     repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
     borrow_detours: float = 0.0  # share of detours that send a field borrowed from another tool (the expert's borrow_rate)
     mixup_detours: float = 0.0  # share of teacher episodes with a mix-up detour (the expert's mixup_rate)
-    sql_detours: float = 0.0  # share of teacher episodes whose first run_sql query is sent wrong first (sql_rate)
+    # share of teacher episodes whose first run_sql query is sent wrong first (the expert's sql_rate); 0.5 measured
+    # at seed 0 and rejected: `dev` 20 -> 14/40 (docs/training.md, row 31)
+    sql_detours: float = 0.0
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
