@@ -37,7 +37,7 @@ from typing import Any, Callable, Generator
 from agentrig.envs.base import classify_observation as classify
 from agentrig.envs.datadesk.db import SCHEMA
 from agentrig.envs.datadesk.tasks import NO_TOOL_ANSWERS
-from agentrig.envs.datadesk.tools import LOOKUPS, NO_RESULT, SEEN_TOOLS, inline_sql
+from agentrig.envs.datadesk.tools import LOOKUPS, NO_RESULT, SEEN_TOOLS, inline_sql, table_refs
 from agentrig.harness import PolicyReply, PolicyRequest
 from agentrig.harness.protocol import canonical_arguments, get_protocol
 from agentrig.harness.trajectory import ToolCall
@@ -77,8 +77,6 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     m.group(1): [c.split()[0] for c in re.split(r",\s*(?![^()]*\))", m.group(2)) if not c.startswith("PRIMARY")]
     for m in re.finditer(r"CREATE TABLE (\w+) \((.*?)\);", SCHEMA, re.S)}
 _SQL_TOKEN = re.compile(r"'(?:[^']|'')*'|\b([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b|\b([A-Za-z_]\w*)\b")
-_SQL_REF = re.compile(r"\b(?:FROM|JOIN)\s+(\w+)(?:\s+(?!(?:WHERE|JOIN|ON|LEFT|INNER|GROUP|ORDER|LIMIT)\b)(\w+))?",
-                      re.IGNORECASE)
 
 
 def wrong_column(query: str, rng: random.Random) -> tuple[str, str] | None:
@@ -86,7 +84,7 @@ def wrong_column(query: str, rng: random.Random) -> tuple[str, str] | None:
     will name ("c.currency", "name"): the mistake a student makes writing the fallback SQL (a column of the
     joined table, or of another table, put on the wrong one). A column of another table in the same query is
     preferred. None when the query references no column of a known table."""
-    refs = [(t, a or t) for t, a in _SQL_REF.findall(query) if t in TABLE_COLUMNS]
+    refs = [(t, a or t) for t, a in table_refs(query) if t in TABLE_COLUMNS]
     if not refs:
         return None
     alias_table = {a: t for t, a in refs}

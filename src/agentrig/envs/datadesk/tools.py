@@ -303,6 +303,12 @@ _NOT_ALIAS = {"where", "join", "on", "left", "right", "inner", "outer", "cross",
               "using", "union", "having", "as"}
 
 
+def table_refs(query: str) -> list[tuple[str, str]]:
+    """The tables a query names after FROM or JOIN, each with its alias ("" when it has none), in order."""
+    return [(name, alias if alias and alias.lower() not in _NOT_ALIAS else "")
+            for name, alias in _TABLE_REF.findall(query)]
+
+
 def schema_hint(conn: sqlite3.Connection, query: str, message: str) -> str:
     """`message` with what a refused query could have used instead, when SQLite says a table or column does not
     exist: every table's name for a missing table; for a missing column, the columns of the tables the query
@@ -315,11 +321,11 @@ def schema_hint(conn: sqlite3.Connection, query: str, message: str) -> str:
         return f"{message}; the tables are {', '.join(tables)}"
     known = {t.lower(): t for t in tables}
     refs: dict[str, str] = {}
-    for name, alias in _TABLE_REF.findall(query):
+    for name, alias in table_refs(query):
         if name.lower() in known:
             t = known[name.lower()]
             refs.setdefault(t, "")
-            if alias and alias.lower() not in _NOT_ALIAS and alias.lower() != t.lower():
+            if alias and alias.lower() != t.lower():
                 refs[t] = alias
     parts = []
     for t in refs or dict.fromkeys(tables, ""):
