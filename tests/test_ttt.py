@@ -244,8 +244,10 @@ def test_rollout_tasks_rolls_out_a_sample_and_learns_the_rest_from_the_construct
     out = tmp_path / "ttt"
     assert main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
                  "--out", str(out), "--steps", "1", "--practice-tasks", "6", "--max-new-tokens", "8",
-                 "--max-steps", "3", "--replay-share", "0", "--rollout-tasks", "1"]) == 0
+                 "--max-steps", "3", "--replay-share", "0", "--rollout-tasks", "1", "--tool-name-weight", "5"]) == 0
     summary = json.loads((out / "ttt.json").read_text())
+    # the tool-name tokens of the practice calls are weighted in the update, as in the adapter's own SFT
+    assert summary["tool_name_weight"] == 5.0 and summary["key_tokens"] > 0
     verified = summary["practice"]["verified"]
     assert verified >= 2 and summary["rollouts"]["episodes"] == 1
     assert summary["rollouts"]["constructed_only"] == verified - 1
@@ -258,6 +260,8 @@ def test_rollout_tasks_rolls_out_a_sample_and_learns_the_rest_from_the_construct
     assert summary["train_data"]["practice_samples"] == len(sft) and summary["steps"] == 1
     with pytest.raises(ConfigError, match="--rollout-tasks"):
         TTTConfig(adapter=str(adapter), out=str(tmp_path / "x"), rollout_tasks=-1)
+    with pytest.raises(ConfigError, match="--tool-name-weight"):
+        TTTConfig(adapter=str(adapter), out=str(tmp_path / "x"), tool_name_weight=0)
 
 
 def test_stack_rank_trains_a_new_lora_on_the_frozen_adapter_and_saves_both_as_one(

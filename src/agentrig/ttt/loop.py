@@ -76,6 +76,8 @@ class TTTConfig:
                                "rank-8 LoRA fits the practice at 5e-4, not at 1e-4; continuing the adapter, use "
                                "1e-4: at 5e-4 it measured worse, docs/ttt.md)")
     max_seq_length: int = opt(2048, "tokens per packed row")
+    tool_name_weight: float = opt(1.0, "SFT loss weight of the supervised tokens naming a call's tool "
+                                  "(TrainConfig.tool_name_weight; 1: the plain loss)")
     stack_rank: int = opt(8, "R: merge the adapter into the base and train a new rank-R LoRA on its modules "
                           "(LLaMA-Factory's create_new_adapter); NAME-ttt is the two concatenated, one adapter of "
                           "both ranks summed (train/stack.py); 0: continue training the adapter itself")
@@ -117,6 +119,8 @@ class TTTConfig:
             raise ConfigError(f"--missing-share is a fraction in [0, 1), got {self.missing_share}")
         if self.stack_rank < 0:
             raise ConfigError(f"--stack-rank must be 0 (continue the adapter) or a LoRA rank, got {self.stack_rank}")
+        if self.tool_name_weight <= 0:
+            raise ConfigError(f"--tool-name-weight must be positive (1 = the plain loss), got {self.tool_name_weight}")
         if self.steps < 1 or self.practice_tasks < 1:
             raise ConfigError("--steps and --practice-tasks must be at least 1")
         if self.rollout_tasks is not None and self.rollout_tasks < 0:
@@ -346,7 +350,8 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         shutil.rmtree(final)
     shutil.copytree(result.adapter_dir, final)
     summary.update(adapter_ttt=str(final), steps=result.global_step, tokens=result.tokens,
-                   supervised_tokens=result.supervised_tokens, loss_first=result.loss_history[0]["loss"]
+                   supervised_tokens=result.supervised_tokens, tool_name_weight=cfg.tool_name_weight,
+                   key_tokens=result.stats.get("key_tokens"), loss_first=result.loss_history[0]["loss"]
                    if result.loss_history else None, loss_last=result.loss_history[-1]["loss"]
                    if result.loss_history else None)
     summary["timing"]["total"] = round(time.monotonic() - started, 1)
@@ -383,14 +388,15 @@ def _train(cfg: TTTConfig, files: list[str], out: Path, deadline: float) -> Any:
     return continue_adapter(files, model=cfg.model, adapter=cfg.adapter, output_dir=train_dir,
                             learning_rate=cfg.learning_rate, steps=cfg.steps, max_seq_length=cfg.max_seq_length,
                             seed=cfg.seed, packing=True, callbacks=[_Deadline(deadline).callback],
-                            stack_rank=cfg.stack_rank)
+                            stack_rank=cfg.stack_rank, tool_name_weight=cfg.tool_name_weight)
 
 
 def continue_adapter(files: list[str], *, model: str, adapter: str, output_dir: Path, learning_rate: float, steps: int,
                      max_seq_length: int, seed: int, packing: bool, callbacks: list[Any] | None = None,
-                     stack_rank: int = 0) -> Any:
+                     stack_rank: int = 0, tool_name_weight: float = 1.0) -> Any:
     """LoRA SFT continuing `adapter` on `files` for `steps` single-row steps at a constant rate (both TTT modes);
-    with `stack_rank`, a new LoRA of that rank on the same modules, on top of `adapter` merged."""
+    with `stack_rank`, a new LoRA of that rank on the same modules, on top of `adapter` merged; `tool_name_weight`
+    weights the tokens naming a call's tool (train/keytokens.py)."""
     from agentrig.jsonl import read_adapter_config
     from agentrig.train.train import run_train
     from agentrig.train.trainconfig import TrainConfig
@@ -405,7 +411,7 @@ def continue_adapter(files: list[str], *, model: str, adapter: str, output_dir: 
                        adapter_name_or_path=adapter, learning_rate=learning_rate, lr_scheduler_type="constant",
                        warmup_ratio=0.0, per_device_train_batch_size=1, gradient_accumulation_steps=1,
                        max_seq_length=max_seq_length, max_steps=steps, save_steps=max(steps, 1), packing=packing,
-                       seed=seed, **stack)
+                       seed=seed, tool_name_weight=tool_name_weight, **stack)
     return run_train(tcfg, callbacks=callbacks)
 
 
