@@ -14,7 +14,8 @@ from agentrig.harness import HarnessConfig, run_episode
 from agentrig.harness.policy import PolicyReply
 from agentrig.ttt.blind import BlindEnv, BlindError, ttt_seed
 from agentrig.ttt.explore import explore, sample_pattern, surfaces
-from agentrig.ttt.practice import PracticeEnv, PracticeExpert, build_practice, check_practice, solve
+from agentrig.ttt.practice import (PracticeEnv, PracticeExpert, build_practice, check_practice, solve,
+                                   solve_with_fixes)
 
 MY_ENV = str(Path(__file__).resolve().parent.parent / "examples" / "my_env.py") + ":make_env"
 
@@ -104,6 +105,27 @@ def test_pattern_sampling() -> None:
 
         assert re.search(pattern, value)
     assert sample_pattern(r"^(?!x)[^a]+$", rng) is None  # one this sampler does not know
+
+
+@pytest.mark.parametrize("spec,split", [(MY_ENV, "test"), ("datadesk", "test_unseen_tools")])
+def test_fix_practice_sends_a_rejected_call_at_weight_0_then_the_constructed_one(spec: str, split: str) -> None:
+    env, surf, ex = _explored(spec, split)
+    tasks = build_practice(ex, 12, seed=0)
+    penv = PracticeEnv(env, surf, tasks)
+    kept = [ep.task for ep in solve(penv, tasks, HarnessConfig())]
+    fixed = solve_with_fixes(penv, kept, HarnessConfig())
+    assert len(fixed) >= 0.8 * len(kept)
+    for ep in fixed:
+        first, then = ep.task.metadata["plan"][0], ep.steps[1].calls[0]
+        broken = ep.steps[0]
+        assert broken.weight == 0.0 and [c.name for c in broken.calls] == [first["name"]]
+        assert broken.calls[0].arguments != first["arguments"]
+        assert "invalid arguments" in broken.results[0].content  # the harness's per-field feedback
+        assert all(s.weight == 1.0 for s in ep.steps[1:]) and not ep.steps[1].text.strip()
+        assert (then.name, then.arguments) == (first["name"], first["arguments"]) or first.get("links")
+        assert check_practice(ep.task, ep).success
+    if spec == "datadesk":  # the mistake seen on the unseen tools: a field another tool has
+        assert any("borrowed" in ep.metadata["fix"] for ep in fixed)
 
 
 @pytest.mark.parametrize("spec,split", [(MY_ENV, "test"), ("datadesk", "test_unseen_tools"), ("toolworld", "test")])
@@ -277,7 +299,13 @@ def test_stack_rank_trains_a_new_lora_on_the_frozen_adapter_and_saves_both_as_on
     out = tmp_path / "ttt"
     assert main(["ttt", "--adapter", str(adapter), "--model", str(model), "--env", MY_ENV, "--split", "test",
                  "--out", str(out), "--steps", "2", "--practice-tasks", "4", "--max-steps", "3",
-                 "--replay-share", "0", "--rollout-tasks", "0", "--stack-rank", "2", "--learning-rate", "1e-2"]) == 0
+                 "--replay-share", "0", "--rollout-tasks", "0", "--stack-rank", "2", "--learning-rate", "1e-2",
+                 "--fix-share", "1"]) == 0
+    summary = json.loads((out / "ttt.json").read_text())
+    fix = summary["fix"]  # fix practice replaces the constructed episodes
+    assert fix["picked"] == summary["practice"]["verified"] and 1 <= fix["replaced"] == len(fix["broken"])
+    assert sum(json.loads(line)["episode_id"].endswith("+fix")
+               for line in (out / "practice_sft.jsonl").read_text().splitlines()) == fix["replaced"]
     cfg = json.loads((out / "adapter-ttt" / "adapter_config.json").read_text())
     assert (cfg["r"], cfg["lora_alpha"], sorted(cfg["target_modules"])) == (6, 6, ["q_proj", "v_proj"])
     old, new = load_file(adapter / "adapter_model.safetensors"), load_file(out / "adapter-ttt" / "adapter_model.safetensors")

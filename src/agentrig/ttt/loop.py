@@ -71,6 +71,10 @@ class TTTConfig:
     rollout_tasks: int | None = opt(8, "practice tasks the adapter is rolled out on (a seeded sample); the "
                                     "others are learned from their constructed solution directly, so training "
                                     "gets the minutes (all: as many as --practice-tasks)")
+    fix_share: float = opt(0.0, "share of the practice tasks learned from their constructed solution (not rolled "
+                           "out) that start with a broken first call instead, at weight 0: a field borrowed from "
+                           "another tool, a value in the user's form, a required field left out; the harness's "
+                           "feedback, then the constructed calls (practice.solve_with_fixes)")
     steps: int = opt(40, "LoRA steps at most (one packed row each)")
     learning_rate: float = opt(5e-4, "learning rate of the continued or stacked adapter (constant; a stacked "
                                "rank-8 LoRA fits the practice at 5e-4, not at 1e-4; continuing the adapter, use "
@@ -119,6 +123,8 @@ class TTTConfig:
             raise ConfigError(f"--missing-share is a fraction in [0, 1), got {self.missing_share}")
         if self.stack_rank < 0:
             raise ConfigError(f"--stack-rank must be 0 (continue the adapter) or a LoRA rank, got {self.stack_rank}")
+        if not 0.0 <= self.fix_share <= 1.0:
+            raise ConfigError(f"--fix-share is a fraction in [0, 1], got {self.fix_share}")
         if self.tool_name_weight <= 0:
             raise ConfigError(f"--tool-name-weight must be positive (1 = the plain loss), got {self.tool_name_weight}")
         if self.steps < 1 or self.practice_tasks < 1:
@@ -303,6 +309,8 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         runner = TaskRunner(penv, cfg.harness, faults, seed=cfg.seed)
         rolled = rollout_sample(len(kept), cfg.rollout_tasks, cfg.seed)
         constructed = [ep for i, ep in enumerate(solved) if i not in rolled]
+        if cfg.fix_share > 0 and constructed:
+            constructed, summary["fix"] = _with_fixes(constructed, penv, cfg)
         opened = [runner.open(t, f"{t.id}#0", f"ttt/{cfg.seed}/{t.id}") for i, t in enumerate(kept) if i in rolled]
         student = []
         if opened:
@@ -379,6 +387,20 @@ def _takeover_pairs(student: list[Any], relabelled: list[Any]) -> list[dict[str,
         out.append(Pair(f"{src.episode_id}@{k}", "episodes", context_at(ep, k), chosen, rejected,
                         json.dumps(ep.tools, ensure_ascii=False)).trl())
     return out
+
+
+def _with_fixes(constructed: list[Any], penv: Any, cfg: TTTConfig) -> tuple[list[Any], dict[str, Any]]:
+    """`constructed` with a `--fix-share` sample of its episodes replaced by their fix-practice version (the
+    same tasks, so the number of practice samples is unchanged); the counts and what was broken, for ttt.json."""
+    from agentrig.ttt.practice import solve_with_fixes
+
+    picked = set(random.Random(f"ttt-fix-pick/{cfg.seed}").sample(range(len(constructed)),
+                                                                  round(cfg.fix_share * len(constructed))))
+    fixes = {ep.task.id: ep for ep in solve_with_fixes(penv, [constructed[i].task for i in sorted(picked)],
+                                                        cfg.harness, seed=cfg.seed)}
+    out = [fixes.get(ep.task.id, ep) if i in picked else ep for i, ep in enumerate(constructed)]
+    kinds = sorted(ep.metadata["fix"] for ep in fixes.values())
+    return out, {"picked": len(picked), "replaced": len(fixes), "broken": kinds}
 
 
 def _train(cfg: TTTConfig, files: list[str], out: Path, deadline: float) -> Any:

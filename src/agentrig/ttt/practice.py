@@ -550,3 +550,71 @@ def solve(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessCon
             ep.success, ep.check = True, result.to_dict()
             solved.append(ep)
     return solved
+
+
+def broken_first_call(task: TaskSpec, tools: ToolSet, rng: random.Random) -> tuple[str, dict[str, Any]] | None:
+    """(what is broken, arguments): a version of the plan's first call that the harness's schema check rejects,
+    drawn from the mistakes a model makes with tools it does not know: a field borrowed from another offered
+    tool (`month` on a tool that has none), a value in the user's form or outside its pattern, a required field
+    left out (`explore.invalid_variants`). None when no variant is rejected (a linked first call has none)."""
+    from agentrig.ttt.explore import invalid_variants
+
+    step = task.metadata["plan"][0]
+    tool = tools.get(step["name"])
+    if tool is None:
+        return None
+    args = dict(step["arguments"])
+    props = tool.parameters.get("properties") or {}
+    variants = [v for v in invalid_variants(args, tool.parameters) if v[0] != "an unknown field"]
+    if tool.parameters.get("additionalProperties") is False:
+        for other in tools.offered():
+            for name, schema in sorted((other.parameters.get("properties") or {}).items()):
+                if other.name != tool.name and name not in props:
+                    value = (schema.get("enum") or [None])[0] or ("2024-03" if stated_format(schema) == "month"
+                                                                  else "x")
+                    variants.append((f"{name}: a field borrowed from {other.name}", {**args, name: value}))
+    variants = [v for v in variants if tools.validate(tool.name, v[1])]
+    return rng.choice(variants) if variants else None
+
+
+class FixFirstExpert:
+    """The practice expert behind one broken first call: the call `broken[task id]` is sent first with weight
+    0 (training never imitates it), the harness's per-field feedback comes back, and the constructed solution
+    follows at weight 1 with no sentence about the mistake, so what is learned is the corrected call read
+    from the feedback (a sentence before it was learned instead of the fix: docs/training.md rows 6 and 31)."""
+
+    def __init__(self, expert: PracticeExpert, broken: dict[str, dict[str, Any]]):
+        self.expert, self.broken = expert, broken
+
+    def generate(self, request: PolicyRequest) -> PolicyReply:
+        """The broken call at the first step, the expert's step after it."""
+        if any(m.get("role") == "assistant" for m in request.messages):
+            return self.expert.generate(request)
+        name = request.task.metadata["plan"][0]["name"]
+        call = ToolCall("", name, self.broken[request.task.id])
+        return PolicyReply(get_protocol(request.protocol).assistant_text("", [call]), weight=0.0)
+
+
+def solve_with_fixes(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessConfig,
+                     seed: int = 0) -> list[Episode]:
+    """Fix practice: for each task whose first call has a rejected variant (`broken_first_call`), the episode of
+    `FixFirstExpert`, kept when it passes the task's assertion; `metadata["fix"]` names what was broken."""
+    rng = random.Random(f"ttt-fix/{seed}")
+    expert = PracticeExpert(dict(practice_env.drift_names))
+    out = []
+    for task in tasks_:
+        tools, state = practice_env.setup(task)
+        try:
+            drawn = broken_first_call(task, tools, rng)
+            if drawn is None:
+                continue
+            ep = run_episode(task, tools, FixFirstExpert(expert, {task.id: drawn[1]}), harness,
+                             episode_id=f"{task.id}+fix")
+        finally:
+            practice_env.close(state)
+        result = check_practice(task, ep)
+        if result.success and ep.steps and ep.steps[0].weight == 0.0:
+            ep.success, ep.check = True, result.to_dict()
+            ep.metadata["fix"] = drawn[0]
+            out.append(ep)
+    return out
