@@ -537,19 +537,28 @@ class PracticeExpert:
 def solve(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness: HarnessConfig) -> list[Episode]:
     """The constructed solution's episodes that pass their task's assertion, each on a fresh state and without
     faults (the tasks whose solution fails are left out)."""
-    solved = []
     expert = PracticeExpert(dict(practice_env.drift_names))
-    for task in tasks_:
-        tools, state = practice_env.setup(task)
-        try:
-            ep = run_episode(task, tools, expert, harness, episode_id=f"{task.id}+constructed")
-        finally:
-            practice_env.close(state)
-        result = check_practice(task, ep)
-        if result.success:
-            ep.success, ep.check = True, result.to_dict()
-            solved.append(ep)
-    return solved
+    episodes = (_checked(practice_env, task, lambda tools: expert, harness, f"{task.id}+constructed") for task in tasks_)
+    return [ep for ep in episodes if ep is not None]
+
+
+def _checked(practice_env: PracticeEnv, task: TaskSpec, make_policy: Any, harness: HarnessConfig,
+             episode_id: str) -> Episode | None:
+    """The episode of `make_policy(tools)` on a fresh state of `task`, marked successful, when it passes the task's
+    assertion; None when it fails it or `make_policy` gives no policy."""
+    tools, state = practice_env.setup(task)
+    try:
+        policy = make_policy(tools)
+        if policy is None:
+            return None
+        ep = run_episode(task, tools, policy, harness, episode_id=episode_id)
+    finally:
+        practice_env.close(state)
+    result = check_practice(task, ep)
+    if not result.success:
+        return None
+    ep.success, ep.check = True, result.to_dict()
+    return ep
 
 
 def broken_first_call(task: TaskSpec, tools: ToolSet, rng: random.Random) -> tuple[str, dict[str, Any]] | None:
@@ -578,20 +587,19 @@ def broken_first_call(task: TaskSpec, tools: ToolSet, rng: random.Random) -> tup
 
 
 class FixFirstExpert:
-    """The practice expert behind one broken first call: the call `broken[task id]` is sent first with weight
+    """The practice expert behind one broken first call: `arguments` sent to the plan's first tool with weight
     0 (training never imitates it), the harness's per-field feedback comes back, and the constructed solution
     follows at weight 1 with no sentence about the mistake, so what is learned is the corrected call read
     from the feedback (a sentence before it was learned instead of the fix: docs/training.md rows 6 and 31)."""
 
-    def __init__(self, expert: PracticeExpert, broken: dict[str, dict[str, Any]]):
-        self.expert, self.broken = expert, broken
+    def __init__(self, expert: PracticeExpert, arguments: dict[str, Any]):
+        self.expert, self.arguments = expert, arguments
 
     def generate(self, request: PolicyRequest) -> PolicyReply:
         """The broken call at the first step, the expert's step after it."""
         if any(m.get("role") == "assistant" for m in request.messages):
             return self.expert.generate(request)
-        name = request.task.metadata["plan"][0]["name"]
-        call = ToolCall("", name, self.broken[request.task.id])
+        call = ToolCall("", request.task.metadata["plan"][0]["name"], self.arguments)
         return PolicyReply(get_protocol(request.protocol).assistant_text("", [call]), weight=0.0)
 
 
@@ -603,18 +611,14 @@ def solve_with_fixes(practice_env: PracticeEnv, tasks_: list[TaskSpec], harness:
     expert = PracticeExpert(dict(practice_env.drift_names))
     out = []
     for task in tasks_:
-        tools, state = practice_env.setup(task)
-        try:
-            drawn = broken_first_call(task, tools, rng)
-            if drawn is None:
-                continue
-            ep = run_episode(task, tools, FixFirstExpert(expert, {task.id: drawn[1]}), harness,
-                             episode_id=f"{task.id}+fix")
-        finally:
-            practice_env.close(state)
-        result = check_practice(task, ep)
-        if result.success and ep.steps and ep.steps[0].weight == 0.0:
-            ep.success, ep.check = True, result.to_dict()
-            ep.metadata["fix"] = drawn[0]
+        drawn: list[tuple[str, dict[str, Any]] | None] = []
+
+        def fixer(tools: ToolSet) -> FixFirstExpert | None:
+            drawn.append(broken_first_call(task, tools, rng))
+            return FixFirstExpert(expert, drawn[0][1]) if drawn[0] else None
+
+        ep = _checked(practice_env, task, fixer, harness, f"{task.id}+fix")
+        if ep is not None:
+            ep.metadata["fix"] = drawn[0][0]
             out.append(ep)
     return out
