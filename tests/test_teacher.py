@@ -139,6 +139,27 @@ def test_detour_is_rejected_weighted_zero_and_corrected(env):
     assert ep.steps[1].weight == 1.0 and ep.steps[1].results[0].ok and ep.detours == 1
 
 
+def test_quiet_detour_sends_the_corrected_call_with_no_sentence(env):
+    """`quiet_detours`: the step after a rejected detour call is the corrected call alone (the raw output starts
+    with the call), the same call the sentence-led step makes; every other step, and the episode's success, stay."""
+    sentence = "That call was rejected; here is the corrected one."
+    seen = 0
+    for task, _, loud, quiet in _without_and_with(env, env.tasks("train", 24, seed=4), "quiet_detours",
+                                                  detour_rate=1.0):
+        assert len(loud.steps) == len(quiet.steps), task.id
+        if loud.steps[0].weight != 0.0:  # a task whose first step makes no call has no detour
+            assert [s.raw_output for s in loud.steps] == [s.raw_output for s in quiet.steps]
+            continue
+        seen += 1
+        assert quiet.steps[0].raw_output == loud.steps[0].raw_output and quiet.steps[0].defects
+        assert loud.steps[1].text == sentence and quiet.steps[1].text == ""
+        assert quiet.steps[1].raw_output.lstrip().startswith("<tool_call>") and sentence not in quiet.steps[1].raw_output
+        assert [(c.name, c.arguments) for c in quiet.steps[1].calls] == [(c.name, c.arguments) for c in loud.steps[1].calls]
+        assert quiet.steps[1].weight == 1.0 and quiet.steps[1].results[0].ok or quiet.faults
+        assert [s.raw_output for s in quiet.steps[2:]] == [s.raw_output for s in loud.steps[2:]]
+    assert seen >= 16, seen
+
+
 def test_renamed_tools_are_used_consistently(env):
     task = _task(env, "currency_aggregation")
     tools, state = env.setup(task)
@@ -340,6 +361,9 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="has no SQL detours"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", sql_detours=0.5))
     assert _expert(load_env("datadesk"), CollectConfig(sql_detours=0.5)).sql_rate == 0.5
+    with pytest.raises(ConfigError, match="--quiet-detours: the expert of environment 'toolworld' writes no detour"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", quiet_detours=True))
+    assert _expert(load_env("datadesk"), CollectConfig(quiet_detours=True)).quiet_detours is True
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

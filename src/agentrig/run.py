@@ -83,6 +83,8 @@ class Profile:
     # share of teacher episodes whose first run_sql query is sent wrong first (the expert's sql_rate); 0.5 measured
     # at seed 0 and rejected: `dev` 20 -> 14/40 (docs/training.md, row 31)
     sql_detours: float = 0.0
+    # the step after a rejected detour call is the corrected call alone, no sentence (the expert's quiet_detours)
+    quiet_detours: bool = False
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
@@ -279,6 +281,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     mixups = teacher == "expert" and expert_takes(env, "mixup_rate")
     borrows = teacher == "expert" and expert_takes(env, "borrow_rate")
     sqls = teacher == "expert" and expert_takes(env, "sql_rate")
+    quiets = teacher == "expert" and expert_takes(env, "quiet_detours")
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
@@ -288,6 +291,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          mixup_detours=prof.mixup_detours if mixups else 0.0,
                          borrow_detours=prof.borrow_detours if borrows else 0.0,
                          sql_detours=prof.sql_detours if sqls else 0.0,
+                         quiet_detours=prof.quiet_detours and quiets,
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)

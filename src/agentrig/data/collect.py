@@ -108,6 +108,8 @@ class CollectConfig:
     sql_detours: float = opt(0.0, "share of episodes whose first run_sql query is first sent with a column its table "
                              "does not have (masked in training), then named from the refusal and corrected "
                              "(datadesk's expert)")
+    quiet_detours: bool = opt(False, "the step after a rejected detour call (--detours) is the corrected call alone, "
+                              "with no sentence before it (datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
@@ -135,7 +137,7 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
-        for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "repeat_notice",
+        for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "repeat_notice",
                   "family_weights"):  # newer settings: at their defaults, an older file's identity
             if not d[k]:
                 d.pop(k)
@@ -217,7 +219,7 @@ def expert_takes(env: Any, param: str) -> bool:
 
 
 def _expert(env: Any, cfg: CollectConfig) -> Any:
-    extra: dict[str, float] = {}
+    extra: dict[str, Any] = {}
     for flag, kind, param, rate in (("--repeat-detours", "repeat", "repeat_rate", cfg.repeat_detours),
                                     ("--mixup-detours", "mix-up", "mixup_rate", cfg.mixup_detours),
                                     ("--borrow-detours", "borrowed-field", "borrow_rate", cfg.borrow_detours),
@@ -228,6 +230,11 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
             raise ConfigError(f"{flag}: the expert of environment {env.name!r} has no {kind} detours (its expert() "
                               f"takes no {param}); leave {flag} at 0")
         extra[param] = rate
+    if cfg.quiet_detours:
+        if not expert_takes(env, "quiet_detours"):
+            raise ConfigError(f"--quiet-detours: the expert of environment {env.name!r} writes no detour sentence to "
+                              "leave out (its expert() takes no quiet_detours); drop --quiet-detours")
+        extra["quiet_detours"] = True
     expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")

@@ -11,7 +11,8 @@ query the API tool runs (`tools.LOOKUPS`), or `SELECT <expression>` for the calc
 too, the teacher tells the user honestly what could not be done. A renamed field (schema drift) is
 read under its new name. Detours (augmentation): with `detour_rate`, the first call is written wrong
 (bad argument or a tool outside the allowlist) with weight 0, the harness rejects it, and the next step
-corrects it. Repeat detours (`repeat_rate`, collected with the harness's `repeat_notice`): after a look-up
+corrects it, behind "That call was rejected; here is the corrected one." (with `quiet_detours`, the corrected call
+alone: the sentence is what a small student learns from it, and writes over a copy of the refused call). Repeat detours (`repeat_rate`, collected with the harness's `repeat_notice`): after a look-up
 that answered at its first try, the teacher sends the identical call once more behind the retry sentence a
 student writes over a fine result (weight 0, as the student does), the harness answers it with its result
 and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
@@ -165,7 +166,8 @@ class EpisodeSolver:
     """One episode's solver state: the generator, its RNG, the name mapping, and the tools offered."""
 
     def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0,
-                 mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0):
+                 mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
+                 quiet_detours: bool = False):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -175,6 +177,7 @@ class EpisodeSolver:
         self.param_names: dict[str, dict[str, str]] = rename.get("params", {})
         self.schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools}
         self.detour = self.rng.random() < detour_rate
+        self.quiet_detours = quiet_detours
         self.gen: Solver = SOLVERS[task.family](self)
         self.started = False
         # a separate RNG, so that episodes without a repeat detour are the same as before the option existed
@@ -220,7 +223,7 @@ class EpisodeSolver:
         if self.detour and not self.started:
             self.started = True
             yield self._detour(state[0])
-            text = "That call was rejected; here is the corrected one."
+            text = "" if self.quiet_detours else "That call was rejected; here is the corrected one."
         if self.mixup and not self.started and (mixup := self._mixup(state[0])) is not None:
             self.started = True
             yield mixup[0]  # its observation is ignored (weight 0): the sentence below holds whatever came back
@@ -727,8 +730,10 @@ class ExpertTeacher:
     """The datadesk expert as a harness policy (`generate(request) -> PolicyReply`)."""
 
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
-                 repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0):
+                 repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
+                 quiet_detours: bool = False):
         self.detour_rate = detour_rate
+        self.quiet_detours = quiet_detours
         self.sql_rate = sql_rate
         self.borrow_rate = borrow_rate
         self.repeat_rate = repeat_rate
@@ -743,7 +748,7 @@ class ExpertTeacher:
         key = request.episode_id or request.task.id
         if request.step == 0 or key not in self._live:
             ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate,
-                               self.borrow_rate, self.sql_rate)
+                               self.borrow_rate, self.sql_rate, self.quiet_detours)
             action = next(ep.gen)
         else:
             ep, prev = self._live[key]
