@@ -83,7 +83,8 @@ class Profile:
     # share of teacher episodes whose first run_sql query is sent wrong first (the expert's sql_rate); 0.5 measured
     # at seed 0 and rejected: `dev` 20 -> 14/40 (docs/training.md, row 31)
     sql_detours: float = 0.0
-    # the step after a rejected detour call is the corrected call alone, no sentence (the expert's quiet_detours)
+    # the step after a rejected detour call is the corrected call alone, no sentence (the expert's quiet_detours);
+    # measured at seed 0 and rejected: `dev` 20 -> 15/40, `test` 22 -> 20 (docs/training.md, row 32)
     quiet_detours: bool = False
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
