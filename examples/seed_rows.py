@@ -2,7 +2,7 @@
 
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
-    [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--sql-detours SHARE] [--quiet-detours]
+    [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--sql-detours SHARE] [--detour-sentence]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -13,8 +13,9 @@ evaluation of the adapter on the main job's 80 tasks (seed 0: the same tasks and
 the profile's teacher episodes, SFT steps and LoRA's depth (`lora_num_layers`); `--neftune` turns on NEFTune noise
 (`neftune_noise_alpha`); `--mixup-detours` sets the share of the teacher's mix-up detours (`collect
 --mixup-detours`), `--borrow-detours` that of its borrowed-field detours (`collect --borrow-detours`), `--sql-detours` that of its
-SQL detours (`collect --sql-detours`); `--quiet-detours` drops the sentence before the corrected call of its rejected-call
-detours (`collect --quiet-detours`);
+SQL detours (`collect --sql-detours`); `--detour-sentence` puts "That call was rejected; here is the corrected one."
+back before the corrected call of its rejected-call detours (the profile's `quiet_detours` off: rows up to 31 were
+trained so; `--quiet-detours`, row 32's flag, is the profile's default since);
 `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's
 peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample's context without gradient);
 `--tool-name-weight` sets SFT's `tool_name_weight` (the loss weight of the tokens that name a call's tool).
@@ -41,7 +42,10 @@ def main() -> None:
     ap.add_argument("--family-weights", default="", help="task family draw weights, e.g. ranking=2 (default: none)")
     ap.add_argument("--borrow-detours", type=float, default=None, help="share of detours with a borrowed field (default: 0)")
     ap.add_argument("--sql-detours", type=float, default=None, help="share of SQL detours (default: the profile's, 0)")
-    ap.add_argument("--quiet-detours", action="store_true", help="the corrected call after a detour with no sentence")
+    ap.add_argument("--quiet-detours", action="store_true", help="the corrected call after a detour with no sentence "
+                    "(the profile's default since row 32)")
+    ap.add_argument("--detour-sentence", action="store_true", help="the sentence before a detour's corrected call, as "
+                    "rows up to 31 were trained")
     ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
     ap.add_argument("--prompt-no-grad", action="store_true", help="SFT with prompt_no_grad (default: the profile's)")
     ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 5; 1 is the plain loss)")
@@ -62,7 +66,7 @@ def main() -> None:
                    tool_name_weight=a.tool_name_weight or prof.tool_name_weight,
                    borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours,
                    sql_detours=prof.sql_detours if a.sql_detours is None else a.sql_detours,
-                   quiet_detours=a.quiet_detours or prof.quiet_detours)
+                   quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
         ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)

@@ -143,6 +143,10 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert {json.loads(line)["task"]["env"] for line in (out / "collect" / "train.jsonl").read_text().splitlines()} \
         == {"datadesk"}
     assert done["data"]["episodes_files"] == [str(out / "collect" / "train.jsonl"), str(out / "collect" / "mix_0.jsonl")]
+    # quiet detours (docs/training.md, rows 32, 32s1): on for datadesk's expert, not asked of the shop's, which has none
+    meta = {name: json.loads((out / "collect" / f"{name}.jsonl.meta.json").read_text()) for name in ("train", "mix_0")}
+    assert meta["train"]["quiet_detours"] is True and meta["mix_0"]["quiet_detours"] is False
+    assert "That call was rejected" not in (out / "collect" / "train.jsonl").read_text()
     card = json.loads((out / "data" / "data_card.json").read_text())
     assert set(card["envs"]) == {"datadesk", "shop"} and done["data"]["envs"] == card["envs"]
     # the primary environment's evaluation is as without a mix; the shop's has its own stage and folder
