@@ -155,7 +155,7 @@ def test_quiet_detour_sends_the_corrected_call_with_no_sentence(env):
         assert loud.steps[1].text == sentence and quiet.steps[1].text == ""
         assert quiet.steps[1].raw_output.lstrip().startswith("<tool_call>") and sentence not in quiet.steps[1].raw_output
         assert [(c.name, c.arguments) for c in quiet.steps[1].calls] == [(c.name, c.arguments) for c in loud.steps[1].calls]
-        assert quiet.steps[1].weight == 1.0 and quiet.steps[1].results[0].ok or quiet.faults
+        assert quiet.steps[1].weight == 1.0 and quiet.steps[1].results[0].ok and not quiet.faults
         assert [s.raw_output for s in quiet.steps[2:]] == [s.raw_output for s in loud.steps[2:]]
     assert seen >= 16, seen
 

@@ -11,10 +11,10 @@ query the API tool runs (`tools.LOOKUPS`), or `SELECT <expression>` for the calc
 too, the teacher tells the user honestly what could not be done. A renamed field (schema drift) is
 read under its new name. Detours (augmentation): with `detour_rate`, the first call is written wrong
 (bad argument or a tool outside the allowlist) with weight 0, the harness rejects it, and the next step
-corrects it, behind "That call was rejected; here is the corrected one." (with `quiet_detours`, the corrected call
-alone: the sentence is what a small student learns from it, and writes over a copy of the refused call). Repeat detours (`repeat_rate`, collected with the harness's `repeat_notice`): after a look-up
-that answered at its first try, the teacher sends the identical call once more behind the retry sentence a
-student writes over a fine result (weight 0, as the student does), the harness answers it with its result
+corrects it, behind "That call was rejected; here is the corrected one." (with `quiet_detours`, every profile's
+setting since docs/training.md rows 32 and 32s1, the corrected call alone). Repeat detours (`repeat_rate`, collected
+with the harness's `repeat_notice`): after a look-up that answered at its first try, the teacher sends the
+identical call once more behind the retry sentence a student writes over a fine result (weight 0, as the student does), the harness answers it with its result
 and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
 state a student reaches by itself, and the way out of it. Mix-up detours (`mixup_rate`): the first call's
 region, customer or product name is first sent to a look-up of another kind of thing that the task offers
