@@ -14,8 +14,8 @@ read under its new name. Detours (augmentation): with `detour_rate`, the first c
 corrects it, behind "That call was rejected; here is the corrected one." (with `quiet_detours`, every profile's
 setting since docs/training.md rows 32 and 32s1, the corrected call alone). Repeat detours (`repeat_rate`, collected
 with the harness's `repeat_notice`): after a look-up that answered at its first try, the teacher sends the
-identical call once more behind the retry sentence a student writes over a fine result (weight 0, as the student does), the harness answers it with its result
-and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
+identical call once more behind the retry sentence a student writes over a fine result (weight 0, as the
+student does), the harness answers it with its result and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
 state a student reaches by itself, and the way out of it. Mix-up detours (`mixup_rate`): the first call's
 region, customer or product name is first sent to a look-up of another kind of thing that the task offers
 (`find_customer` for "Coastal"; weight 0, really executed), and the next, supervised step says what the name is and
