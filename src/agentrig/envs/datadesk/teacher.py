@@ -5,25 +5,25 @@ the harness parses and executes them against the real tools (faults included), a
 answers only from the observations it gets back; `task.expected` is never read. Per episode it keeps a
 generator (keyed by `episode_id`) that yields actions and receives the observations of its calls.
 
-Recovery, as the seed asks (section 4.3): a transient failure (timeout, 503, 429, cut or broken output)
-is retried once; a repeated or permanent failure, or "No result", switches to `run_sql` with the same
-query the API tool runs (`tools.LOOKUPS`), or `SELECT <expression>` for the calculator; if that fails
-too, the teacher tells the user honestly what could not be done. A renamed field (schema drift) is
-read under its new name. Detours (augmentation): with `detour_rate`, the first call is written wrong
-(bad argument or a tool outside the allowlist) with weight 0, the harness rejects it, and the next step
-corrects it, behind "That call was rejected; here is the corrected one." (with `quiet_detours`, every profile's
-setting since docs/training.md rows 32 and 32s1, the corrected call alone). Repeat detours (`repeat_rate`, collected
-with the harness's `repeat_notice`): after a look-up that answered at its first try, the teacher sends the
-identical call once more behind the retry sentence a student writes over a fine result (weight 0, as the
-student does), the harness answers it with its result and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
+Recovery, as the seed asks (section 4.3): a transient failure (timeout, 503, 429, cut or broken output) is
+retried once; a repeated or permanent failure, or "No result", switches to `run_sql` with the same query the API
+tool runs (`tools.LOOKUPS`), or `SELECT <expression>` for the calculator; if that fails too, the teacher tells
+the user honestly what could not be done. A renamed field (schema drift) is read under its new name. Detours
+(augmentation): with `detour_rate`, the first call is written wrong (bad argument or a tool outside the
+allowlist) with weight 0, the harness rejects it, and the next step corrects it, behind "That call was rejected;
+here is the corrected one." (with `quiet_detours`, every profile's setting since docs/training.md rows 32 and
+32s1, the corrected call alone). Repeat detours (`repeat_rate`, collected with the harness's `repeat_notice`):
+after a look-up that answered at its first try, the teacher sends the identical call once more behind the retry
+sentence a student writes over a fine result (weight 0, as the student does), the harness answers it with its
+result and the `repeated_after_success` notice, and the next, supervised step goes on from the first result: the
 state a student reaches by itself, and the way out of it. Mix-up detours (`mixup_rate`): the first call's
 region, customer or product name is first sent to a look-up of another kind of thing that the task offers
-(`find_customer` for "Coastal"; weight 0, really executed), and the next, supervised step says what the name is and
-makes the right call. SQL detours (`sql_rate`): the episode's first `run_sql` query (a fallback or the
+(`find_customer` for "Coastal"; weight 0, really executed), and the next, supervised step says what the name is
+and makes the right call. SQL detours (`sql_rate`): the episode's first `run_sql` query (a fallback or the
 `sql_query` family's own) is first sent with a column its table does not have (weight 0, really executed), and
 the next, supervised step names the column the refusal named and sends the right query. Long tasks call `note`
-after each finished sub-goal.
-Not handled: environments other than datadesk (their `expert()` supplies their own policy).
+after each finished sub-goal. Not handled: environments other than datadesk (their `expert()` supplies their own
+policy).
 """
 
 from __future__ import annotations
