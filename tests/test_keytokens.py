@@ -1,4 +1,5 @@
-"""`tool_name_weight`: which supervised tokens name a call's tool, token by token, and the loss they are weighted in."""
+"""`tool_name_weight` and `decision_weight`: which supervised tokens name a call's tool or open a turn, token by token,
+and the loss they are weighted in."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from test_train import synthetic_samples, tiny_config, tiny_model_dir, write_jso
 from test_train_keys import episodes_and_build  # noqa: F401 (fixture)
 
 from agentrig.errors import ConfigError, DataError
-from agentrig.train.keytokens import add_label_weights, piece_function, tool_name_positions
+from agentrig.train.keytokens import add_label_weights, decision_positions, piece_function, tool_name_positions
 from agentrig.train.packing import RowCollator, TokenizedSample, pack_rows, packing_stats
 
 
@@ -46,6 +47,32 @@ def test_the_weighted_tokens_of_real_samples_are_exactly_their_supervised_calls_
     assert prose_mentions > 0  # the detours and retries name tools in prose: those tokens were not weighted
 
 
+def test_the_decision_tokens_of_real_samples_are_the_first_token_of_each_supervised_turn(episodes_and_build,
+                                                                                       smol_tokenizer):
+    """One position per supervised assistant turn, in order: the turn's first token, `<` where the turn opens
+    with a call and the text's first word where it opens with a sentence or the answer; weight-0 turns have none."""
+    _, build, samples = episodes_and_build
+    rows = [json.loads(line) for line in (build / "tokenized.jsonl").read_text().splitlines()]
+    by_id = {s.sample_id: s for s in samples}
+    opens = {"call": 0, "text": 0}
+    for row in rows:
+        sample = by_id[row["sample_id"]]
+        turns = [m for m, w in zip(sample.messages, sample.weights) if m["role"] == "assistant" and w > 0]
+        positions = decision_positions(row["labels"])
+        assert len(positions) == len(turns), row["sample_id"]
+        for position, turn in zip(positions, turns):
+            assert row["labels"][position] != -100 and row["labels"][position - 1] == -100
+            first = smol_tokenizer.decode([row["input_ids"][position]])
+            text = (turn.get("content") or "").strip()
+            if text:
+                assert text.startswith(first.strip()), (row["sample_id"], first, text[:40])
+                opens["text"] += 1
+            else:
+                assert first == "<" and turn["tool_calls"], row["sample_id"]
+                opens["call"] += 1
+    assert opens["call"] > 0 and opens["text"] > 0
+
+
 @pytest.mark.parametrize("text, names", [
     ('<tool_call>\n{"name": "sales_total", "arguments": {"region": "North"}}\n</tool_call>', ["sales_total"]),
     ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', ["get_weather"]),  # Llama 3.1
@@ -65,12 +92,17 @@ def test_packed_rows_carry_the_weights_through_both_collations(smol_tokenizer):
     prompt = smol_tokenizer("Say sales_total for North.", add_special_tokens=False)["input_ids"]
     samples = [TokenizedSample(f"s{i}", prompt + reply, [-100] * len(prompt) + reply) for i in range(3)]
     rows = pack_rows(samples, max_len=3 * len(prompt + reply))
-    key_tokens = add_label_weights(rows, smol_tokenizer, 4.0)
+    counts = add_label_weights(rows, smol_tokenizer, 4.0)
     assert len(rows) == 1 and set(rows[0]["label_weights"]) == {1.0, 4.0}
     weighted = [i for i, w in enumerate(rows[0]["label_weights"]) if w == 4.0]
     assert [smol_tokenizer.decode([rows[0]["input_ids"][i] for i in g]).strip() for g in _groups(weighted)] \
         == ["sales_total"] * 3
-    assert key_tokens == len(weighted)
+    assert counts == {"key_tokens": len(weighted), "decision_tokens": 0}
+    both = pack_rows(samples, max_len=3 * len(prompt + reply))
+    assert add_label_weights(both, smol_tokenizer, 4.0, decision_weight=3.0) == {"key_tokens": len(weighted),
+                                                                                 "decision_tokens": 3}
+    assert [smol_tokenizer.decode([both[0]["input_ids"][i]]) for i, w in enumerate(both[0]["label_weights"])
+            if w == 3.0] == ["Che"] * 3  # each sample's reply opens with "Checking."
     assert packing_stats(rows, 3 * len(prompt + reply))["supervised_tokens"] == 3 * len(reply)
     short = {key: rows[0][key][:5] for key in ("input_ids", "labels", "position_ids", "label_weights")}
     for padding_free, shape in ((False, (2, len(rows[0]["input_ids"]))), (True, (1, len(rows[0]["input_ids"]) + 5))):
@@ -90,7 +122,8 @@ def _hermes_samples(tokenizer, n: int) -> list[dict]:
     return samples
 
 
-def _first_step_loss_by_hand(model_dir: Path, samples: list[dict], tokenizer, weight: float) -> float:
+def _first_step_loss_by_hand(model_dir: Path, samples: list[dict], tokenizer, weight: float,
+                             decision: float = 1.0) -> float:
     """sum(w * nll) / supervised tokens at the base model (LoRA's B starts at zero, so step 1 sees the base)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -103,9 +136,11 @@ def _first_step_loss_by_hand(model_dir: Path, samples: list[dict], tokenizer, we
         with torch.no_grad():
             logps = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
         key = set(tool_name_positions(s["input_ids"], s["labels"], piece))
+        first = set(decision_positions(s["labels"]))
         for i in range(1, len(s["input_ids"])):
             if s["labels"][i] != -100:
-                total += -float(logps[i - 1, s["input_ids"][i]]) * (weight if i in key else 1.0)
+                w = weight if i in key else decision if i in first else 1.0
+                total += -float(logps[i - 1, s["input_ids"][i]]) * w
                 count += 1
     return total / count
 
@@ -119,17 +154,20 @@ def test_the_first_steps_loss_is_the_weighted_sum_over_the_supervised_count_and_
     data = write_jsonl(tmp_path / "tokenized.jsonl", samples)
     losses = {}
     # prompt_no_grad lays the supervised tokens out in a row of its own; its log-probs keep the plain order
-    for weight, no_grad in ((1.0, False), (5.0, False), (5.0, True)):
-        result = run_train(tiny_config(tiny_model_dir, data, tmp_path / f"w{weight}{no_grad}", max_steps=2,
+    for weight, no_grad, decision in ((1.0, False, 1.0), (5.0, False, 1.0), (5.0, True, 1.0), (1.0, False, 9.0)):
+        result = run_train(tiny_config(tiny_model_dir, data, tmp_path / f"w{weight}{no_grad}{decision}", max_steps=2,
                                        save_steps=2, per_device_train_batch_size=4, max_seq_length=512, seed=3,
-                                       bf16=False, tool_name_weight=weight, prompt_no_grad=no_grad))
-        losses[weight, no_grad] = result.loss_history[0]["loss"]
+                                       bf16=False, tool_name_weight=weight, prompt_no_grad=no_grad,
+                                       decision_weight=decision))
+        losses[weight, no_grad, decision] = result.loss_history[0]["loss"]
         assert result.stats.get("key_tokens", 0) == (0 if weight == 1.0 else sum(
             len(tool_name_positions(s["input_ids"], s["labels"], piece_function(smol_tokenizer))) for s in samples))
-    for (weight, _), loss in losses.items():
-        assert loss == pytest.approx(_first_step_loss_by_hand(tiny_model_dir, samples, smol_tokenizer, weight),
-                                     rel=2e-3)
-    assert losses[5.0, False] > losses[1.0, False] * 1.05
+        assert result.stats.get("decision_tokens", 0) == (0 if decision == 1.0 else len(samples))  # one turn each
+    for (weight, _, decision), loss in losses.items():
+        assert loss == pytest.approx(_first_step_loss_by_hand(tiny_model_dir, samples, smol_tokenizer, weight,
+                                                              decision), rel=2e-3)
+    assert losses[5.0, False, 1.0] > losses[1.0, False, 1.0] * 1.05
+    assert losses[1.0, False, 9.0] > losses[1.0, False, 1.0] * 1.05
 
 
 def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tiny_model_dir):
@@ -143,3 +181,7 @@ def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tin
     data = write_jsonl(tmp_path / "tokenized.jsonl", synthetic_samples(4, seed=1))
     with pytest.raises(DataError, match="no supervised token names a tool"):
         run_train(tiny_config(tiny_model_dir, data, tmp_path / "out", tool_name_weight=3.0))
+    with pytest.raises(ConfigError, match="decision_weight must be positive"):
+        config_from_dict({"dataset": "d", "decision_weight": -1})
+    with pytest.raises(ConfigError, match="stage 'dpo' has none"):
+        config_from_dict({"dataset": "d", "stage": "dpo", "adapter_name_or_path": "a", "decision_weight": 2})

@@ -1,4 +1,4 @@
-"""Key-token loss weights: the supervised tokens that name the tool of a call count `tool_name_weight` times.
+"""Key-token loss weights: a call's tool name counts `tool_name_weight` times, a turn's first token `decision_weight`.
 
 In an agent's SFT sample the choice of tool is a handful of tokens (`"name": "sales_total"` is 4 of SmolLM2's
 tokens) among the ~200 supervised ones of the call's JSON, the retry sentences and the answer, so under the plain
@@ -9,6 +9,13 @@ narrow, fixed form of that: every supervised token whose text overlaps the `"nam
 (`{"name": ..., "arguments": ...}`; `"parameters"` in Llama 3.1's form) is weighted `w` in the loss, the others 1,
 and the sum is still divided by the number of supervised tokens, so `w = 1` is exactly the plain loss and the other
 tokens' gradients are unchanged.
+
+`decision_weight` weights the other key token of a turn the same way: the first supervised token of each assistant
+turn, where the model chooses between calling a tool (`<`, the start of `<tool_call>`), a recovery sentence
+("sales_total failed ...") and the final answer. Answering before a needed call (the calculator's percent change
+written from memory, a customer's orders never listed) is one of the adapter's frequent failures, and that choice is
+one token of the ~200 a turn supervises. A turn is a maximal run of supervised tokens (the tool results and the
+role headers between turns are never supervised), so the run's first position is the turn's first token.
 
 The tool names are found in the token ids themselves, not by tokenizing again: each supervised run of tokens is
 decoded piece by piece, the call pattern is matched in the joined pieces, and the tokens under a matched name get
@@ -61,6 +68,11 @@ def tool_name_positions(input_ids: list[int], labels: list[int], piece: Callable
     return found
 
 
+def decision_positions(labels: list[int]) -> list[int]:
+    """The first supervised position of each assistant turn: the call-or-answer choice."""
+    return [start for start, _ in _supervised_runs(labels)]
+
+
 def piece_function(tokenizer: Any) -> Callable[[int], str]:
     """A cached one-token decode for `tool_name_positions`."""
     cache: dict[int, str] = {}
@@ -74,17 +86,24 @@ def piece_function(tokenizer: Any) -> Callable[[int], str]:
     return piece
 
 
-def add_label_weights(rows: list[dict[str, list[Any]]], tokenizer: Any, weight: float) -> int:
-    """Give each packed row `label_weights` (1.0, or `weight` at tool-name tokens); returns how many were weighted.
+def add_label_weights(rows: list[dict[str, list[Any]]], tokenizer: Any, weight: float,
+                      decision_weight: float = 1.0) -> dict[str, int]:
+    """Give each packed row `label_weights`: 1.0, `weight` at tool-name tokens, `decision_weight` at each turn's first.
 
-    The row's first label of every sample is already -100 (`packing._row`), so no run crosses two samples.
+    Returns how many tokens each weight was put on (`key_tokens`, `decision_tokens`; a weight of 1 puts none). The
+    row's first label of every sample is already -100 (`packing._row`), so no run crosses two samples.
     """
     piece = piece_function(tokenizer)
-    weighted = 0
+    counts = {"key_tokens": 0, "decision_tokens": 0}
     for row in rows:
         weights = [1.0] * len(row["input_ids"])
-        for i in tool_name_positions(row["input_ids"], row["labels"], piece):
-            weights[i] = weight
-            weighted += 1
+        if weight != 1.0:
+            for i in tool_name_positions(row["input_ids"], row["labels"], piece):
+                weights[i] = weight
+                counts["key_tokens"] += 1
+        if decision_weight != 1.0:
+            for i in decision_positions(row["labels"]):
+                weights[i] = decision_weight  # a turn opens with text or `<`, never inside a call's name
+                counts["decision_tokens"] += 1
         row["label_weights"] = weights
-    return weighted
+    return counts

@@ -276,7 +276,7 @@ def _sft_trainer_class() -> type:
             # Same normalisation as TRL's own compute_loss: by the tokens of the whole accumulated batch.
             denominator = n_supervised if num_items_in_batch is None else num_items_in_batch
             token_logps = out["token_logps"]
-            if "label_weights" in inputs:  # tool_name_weight (keytokens.py); same supervised order as token_logps
+            if "label_weights" in inputs:  # tool_name_weight, decision_weight (keytokens.py); order of token_logps
                 token_logps = token_logps * inputs["label_weights"][:, 1:][out["mask"]].to(token_logps.dtype)
             loss = -token_logps.sum() / torch.as_tensor(denominator).clamp(min=1)
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
@@ -307,15 +307,15 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         raise DataError(f"{config.dataset}: no supervised tokens (every label is -100)")
     val_rows = pack_rows(data.val, config.max_seq_length, packing=config.packing)
     stats.update(samples=len(samples), truncated=truncated, val_samples=len(data.val))
-    if config.tool_name_weight != 1.0:  # the validation rows keep the plain loss, comparable across runs
+    if config.tool_name_weight != 1.0 or config.decision_weight != 1.0:  # validation keeps the plain loss
         from agentrig.train.keytokens import add_label_weights
 
-        key = add_label_weights(rows, tokenizer, config.tool_name_weight)
-        if key == 0:
+        counts = add_label_weights(rows, tokenizer, config.tool_name_weight, config.decision_weight)
+        if config.tool_name_weight != 1.0 and counts["key_tokens"] == 0:
             raise DataError(f"{config.dataset}: tool_name_weight {config.tool_name_weight} but no supervised token "
                             "names a tool in a call's JSON ({\"name\": ..., \"arguments\": ...}): leave "
                             "tool_name_weight at 1 for data without tool calls")
-        stats.update(key_tokens=key)
+        stats.update({k: v for k, v in counts.items() if v})
     model = _setup_model(config)
     peft_config = None if config.adapter_name_or_path else _lora_config(config, model)
     if config.adapter_name_or_path:  # continue training an adapter (LLaMA-Factory's meaning for stage sft)

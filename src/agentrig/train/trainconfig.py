@@ -71,6 +71,10 @@ class TrainConfig:
         "SFT: loss weight of the supervised tokens that name the tool in a call's JSON (the tool choice), the "
         "other supervised tokens 1, the sum still divided by their count (TL-Training's key tokens; keytokens.py); "
         "1 = the plain loss"))
+    decision_weight: float = field(default=1.0, metadata=_help(
+        "SFT: loss weight of each assistant turn's first supervised token, where the model chooses between calling "
+        "a tool, a recovery sentence and answering, the sum still divided by the supervised count (keytokens.py); "
+        "1 = the plain loss"))
     per_device_train_batch_size: int = field(default=2, metadata=_help(
         "rows per device per micro-batch; with packing a row holds several samples"))
     gradient_accumulation_steps: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
@@ -396,6 +400,10 @@ def _validate(config: TrainConfig) -> None:
         raise ConfigError(f"tool_name_weight must be positive (1 = the plain loss), got {config.tool_name_weight}")
     if config.tool_name_weight != 1.0 and config.stage != "sft":
         raise ConfigError(f"tool_name_weight weights SFT's token loss; stage {config.stage!r} has none: leave it at 1")
+    if config.decision_weight <= 0:
+        raise ConfigError(f"decision_weight must be positive (1 = the plain loss), got {config.decision_weight}")
+    if config.decision_weight != 1.0 and config.stage != "sft":
+        raise ConfigError(f"decision_weight weights SFT's token loss; stage {config.stage!r} has none: leave it at 1")
     if config.lora_num_layers is not None and config.lora_num_layers < 1:
         raise ConfigError(f"lora_num_layers must be at least 1 (or unset for every layer), got {config.lora_num_layers}")
     if not config.target_modules():
