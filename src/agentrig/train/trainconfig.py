@@ -396,14 +396,12 @@ def _validate(config: TrainConfig) -> None:
         raise ConfigError(f"pref_ftx must be >= 0 (0 = plain DPO), got {config.pref_ftx}")
     if config.neftune_noise_alpha is not None and config.neftune_noise_alpha <= 0:
         raise ConfigError(f"neftune_noise_alpha must be positive (or unset for no noise), got {config.neftune_noise_alpha}")
-    if config.tool_name_weight <= 0:
-        raise ConfigError(f"tool_name_weight must be positive (1 = the plain loss), got {config.tool_name_weight}")
-    if config.tool_name_weight != 1.0 and config.stage != "sft":
-        raise ConfigError(f"tool_name_weight weights SFT's token loss; stage {config.stage!r} has none: leave it at 1")
-    if config.decision_weight <= 0:
-        raise ConfigError(f"decision_weight must be positive (1 = the plain loss), got {config.decision_weight}")
-    if config.decision_weight != 1.0 and config.stage != "sft":
-        raise ConfigError(f"decision_weight weights SFT's token loss; stage {config.stage!r} has none: leave it at 1")
+    for key in ("tool_name_weight", "decision_weight"):  # keytokens.py's loss weights
+        value = getattr(config, key)
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive (1 = the plain loss), got {value}")
+        if value != 1.0 and config.stage != "sft":
+            raise ConfigError(f"{key} weights SFT's token loss; stage {config.stage!r} has none: leave it at 1")
     if config.lora_num_layers is not None and config.lora_num_layers < 1:
         raise ConfigError(f"lora_num_layers must be at least 1 (or unset for every layer), got {config.lora_num_layers}")
     if not config.target_modules():
