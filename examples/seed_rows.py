@@ -3,7 +3,7 @@
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
     [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--decision-weight W] [--sql-detours SHARE]
-    [--detour-sentence]
+    [--detour-sentence] [--plan-first]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -20,7 +20,8 @@ trained so; `--quiet-detours`, row 32's flag, is the profile's default since);
 `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's
 peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample's context without gradient);
 `--tool-name-weight` sets SFT's `tool_name_weight` (the loss weight of the tokens that name a call's tool),
-`--decision-weight` its `decision_weight` (the loss weight of each assistant turn's first token: call or answer).
+`--decision-weight` its `decision_weight` (the loss weight of each assistant turn's first token: call or answer);
+`--plan-first` has the teacher open each episode's first calls with a one-line plan (`collect --plan-first`).
 `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
@@ -48,6 +49,8 @@ def main() -> None:
                     "(the profile's default since row 32)")
     ap.add_argument("--detour-sentence", action="store_true", help="the sentence before a detour's corrected call, as "
                     "rows up to 31 were trained")
+    ap.add_argument("--plan-first", action="store_true", help="the teacher's first calls behind a one-line plan "
+                    "(collect --plan-first; default: the profile's)")
     ap.add_argument("--learning-rate", type=float, default=None, help="SFT peak learning rate (default: the profile's, 1e-3)")
     ap.add_argument("--prompt-no-grad", action="store_true", help="SFT with prompt_no_grad (default: the profile's)")
     ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 5; 1 is the plain loss)")
@@ -70,7 +73,8 @@ def main() -> None:
                    decision_weight=a.decision_weight or prof.decision_weight,
                    borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours,
                    sql_detours=prof.sql_detours if a.sql_detours is None else a.sql_detours,
-                   quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence)
+                   quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence,
+                   plan_first=a.plan_first or prof.plan_first)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
         ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)
@@ -84,7 +88,7 @@ def main() -> None:
                "lora_num_layers": prof.lora_num_layers, "neftune_alpha": prof.neftune_alpha,
                "mixup_detours": prof.mixup_detours, "learning_rate": prof.learning_rate,
                "borrow_detours": prof.borrow_detours, "sql_detours": prof.sql_detours,
-               "quiet_detours": prof.quiet_detours, "prompt_no_grad": prof.prompt_no_grad,
+               "quiet_detours": prof.quiet_detours, "plan_first": prof.plan_first, "prompt_no_grad": prof.prompt_no_grad,
                "tool_name_weight": prof.tool_name_weight, "decision_weight": prof.decision_weight,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],

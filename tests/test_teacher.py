@@ -160,6 +160,30 @@ def test_quiet_detour_sends_the_corrected_call_with_no_sentence(env):
     assert seen >= 16, seen
 
 
+def test_plan_first_opens_the_first_calls_with_the_tasks_plan(env):
+    """`plan_first`: the episode's first turn is the one-line plan, then the same calls; every later step, the
+    weights and the episode's success stay. The plan names the tools the episode then calls, in that order, under
+    the episode's names; a task with no tool step (`no_tool`) gets none."""
+    seen = set()
+    for task, _, plain, planned in _without_and_with(env, env.tasks("train", 60, seed=4), "plan_first"):
+        assert [s.weight for s in plain.steps] == [s.weight for s in planned.steps], task.id
+        assert [s.raw_output for s in plain.steps[1:]] == [s.raw_output for s in planned.steps[1:]], task.id
+        first = planned.steps[0]
+        if not plain.steps[0].calls:
+            assert first.raw_output == plain.steps[0].raw_output, task.id
+            continue
+        plan, rest = first.raw_output.split("\n", 1)
+        assert plan.startswith("Plan: ") and plan.endswith(".") and rest == plain.steps[0].raw_output, task.id
+        assert [(c.name, c.arguments) for c in first.calls] == [(c.name, c.arguments) for c in plain.steps[0].calls]
+        words = [w.split(" ")[0] for w in plan[len("Plan: "):-1].split(", ")]
+        assert words[-1] in ("answer", "confirm") and words[0] == first.calls[0].name, (task.id, plan)
+        called = [s.calls[0].name for s in planned.steps if s.calls]  # one plan item per step
+        if not planned.faults and task.family != "impossible":  # the happy path: the plan is what was called
+            assert words[:-1] == called, (task.id, plan, called)
+        seen.add(task.family)
+    assert {"arithmetic", "long_task", "comparison", "report", "single_lookup"} <= seen, seen
+
+
 def test_renamed_tools_are_used_consistently(env):
     task = _task(env, "currency_aggregation")
     tools, state = env.setup(task)
@@ -364,6 +388,9 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="--quiet-detours: the expert of environment 'toolworld' writes no detour"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", quiet_detours=True))
     assert _expert(load_env("datadesk"), CollectConfig(quiet_detours=True)).quiet_detours is True
+    with pytest.raises(ConfigError, match="--plan-first: the expert of environment 'toolworld' writes no plans"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", plan_first=True))
+    assert _expert(load_env("datadesk"), CollectConfig(plan_first=True)).plan_first is True
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

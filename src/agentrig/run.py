@@ -89,6 +89,8 @@ class Profile:
     # measured at two training seeds (docs/training.md, rows 32, 32s1): unseen tools 12 against 5/80 (+10 -3),
     # `test` 47 against 46/80, `dev` 39 against 40/80; on in every profile since session 40
     quiet_detours: bool = False
+    # the expert's first calls come behind a one-line plan of the task's tools (the expert's plan_first)
+    plan_first: bool = False
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
@@ -286,6 +288,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     borrows = teacher == "expert" and expert_takes(env, "borrow_rate")
     sqls = teacher == "expert" and expert_takes(env, "sql_rate")
     quiets = teacher == "expert" and expert_takes(env, "quiet_detours")
+    plans = teacher == "expert" and expert_takes(env, "plan_first")
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
@@ -296,6 +299,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          borrow_detours=prof.borrow_detours if borrows else 0.0,
                          sql_detours=prof.sql_detours if sqls else 0.0,
                          quiet_detours=prof.quiet_detours and quiets,
+                         plan_first=prof.plan_first and plans,
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)

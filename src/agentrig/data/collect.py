@@ -110,6 +110,8 @@ class CollectConfig:
                              "(datadesk's expert)")
     quiet_detours: bool = opt(False, "the step after a rejected detour call (--detours) is the corrected call alone, "
                               "with no sentence before it (datadesk's expert)")
+    plan_first: bool = opt(False, "the first step's calls come behind a one-line plan of the task's tools in order "
+                           "(\"Plan: sales_total x2, calculator (the percent change), answer.\"; datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
@@ -137,8 +139,8 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
-        for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "repeat_notice",
-                  "family_weights"):  # newer settings: at their defaults, an older file's identity
+        for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "plan_first",
+                  "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
             if not d[k]:
                 d.pop(k)
         return d
@@ -235,6 +237,11 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
             raise ConfigError(f"--quiet-detours: the expert of environment {env.name!r} writes no detour sentence to "
                               "leave out (its expert() takes no quiet_detours); drop --quiet-detours")
         extra["quiet_detours"] = True
+    if cfg.plan_first:
+        if not expert_takes(env, "plan_first"):
+            raise ConfigError(f"--plan-first: the expert of environment {env.name!r} writes no plans (its expert() "
+                              "takes no plan_first); drop --plan-first")
+        extra["plan_first"] = True
     expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")

@@ -77,15 +77,18 @@ class DatadeskEnv(Environment):
         return {f: list(tools[f]) for f in FAMILIES}
 
     def expert(self, detour_rate: float = 0.0, seed: int = 0, repeat_rate: float = 0.0, mixup_rate: float = 0.0,
-               borrow_rate: float = 0.0, sql_rate: float = 0.0, quiet_detours: bool = False) -> Any:
+               borrow_rate: float = 0.0, sql_rate: float = 0.0, quiet_detours: bool = False,
+               plan_first: bool = False) -> Any:
         """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`); `repeat_rate`: its repeat
         detours (a call that answered, sent again with weight 0, then the right next step); `mixup_rate`: its mix-up
         detours (the request's name sent to the look-up of another kind of thing, weight 0, then the right call);
         `borrow_rate`: the share of its `detour_rate` detours that add a field borrowed from another offered tool;
         `sql_rate`: its SQL detours (an episode's first `run_sql` query sent with a wrong column, weight 0, then the
         right one); `quiet_detours`: the step after a `detour_rate` detour is the corrected call alone, with no
-        "That call was rejected; here is the corrected one." before it."""
+        "That call was rejected; here is the corrected one." before it; `plan_first`: the first step's calls come
+        behind a one-line plan of the task's happy path (`teacher.plan_line`)."""
         from agentrig.envs.datadesk.teacher import ExpertTeacher
 
         return ExpertTeacher(detour_rate=detour_rate, seed=seed, repeat_rate=repeat_rate, mixup_rate=mixup_rate,
-                             borrow_rate=borrow_rate, sql_rate=sql_rate, quiet_detours=quiet_detours)
+                             borrow_rate=borrow_rate, sql_rate=sql_rate, quiet_detours=quiet_detours,
+                             plan_first=plan_first)

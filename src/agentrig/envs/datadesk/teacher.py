@@ -22,7 +22,9 @@ region, customer or product name is first sent to a look-up of another kind of t
 and makes the right call. SQL detours (`sql_rate`): the episode's first `run_sql` query (a fallback or the
 `sql_query` family's own) is first sent with a column its table does not have (weight 0, really executed), and
 the next, supervised step names the column the refusal named and sends the right query. Long tasks call `note`
-after each finished sub-goal. Not handled: environments other than datadesk (their `expert()` supplies their own
+after each finished sub-goal. Plans (`plan_first`): the first step's calls come behind a one-line plan of the
+happy path ("Plan: sales_total x2, calculator (the percent change), answer."), so that every later step has the
+procedure in its context. Not handled: environments other than datadesk (their `expert()` supplies their own
 policy).
 """
 
@@ -104,6 +106,48 @@ def wrong_column(query: str, rng: random.Random) -> tuple[str, str] | None:
     col = rng.choice(near or far)
     ref = f"{alias}.{col}" if alias else col
     return query[:start] + ref + query[end:], ref
+
+
+# Plans (`plan_first`): the happy path of each family (and variant): canonical tools in order, how many calls,
+# and what a step is for when the tool's name does not say it. The last step is always the answer.
+_PLANS: dict[str, dict[str | None, list[tuple[str, int, str]]]] = {
+    "single_lookup": {"sales": [("sales_total", 1, "")], "stock": [("stock_level", 1, "")],
+                      "manager": [("region_info", 1, "")], None: [("find_customer", 1, "")]},
+    "chained_lookup": {"product_stock": [("find_product", 1, ""), ("stock_level", 1, "")],
+                       "customer_manager": [("find_customer", 1, ""), ("region_info", 1, "")],
+                       None: [("find_customer", 1, ""), ("list_orders", 1, "")]},
+    "currency_aggregation": {None: [("sales_total", 2, ""), ("exchange_rate", 2, ""), ("calculator", 1, "the sum")]},
+    "comparison": {"stock": [("stock_level", 2, "")], None: [("sales_total", 2, "")]},
+    "report": {None: [("sales_total", 2, ""), ("send_report", 1, "")]},
+    "arithmetic": {"pct_change": [("sales_total", 2, ""), ("calculator", 1, "the percent change")],
+                   None: [("find_customer", 1, ""), ("list_orders", 1, ""), ("calculator", 1, "the average")]},
+    "long_task": {None: [("sales_total", 3, ""), ("note", 1, ""), ("exchange_rate", 3, ""), ("note", 1, ""),
+                         ("calculator", 1, "the USD sum")]},
+    "impossible": {"missing_month": [("sales_total", 1, "")],
+                   "unknown_product": [("find_product", 1, ""), ("stock_level", 1, "")],
+                   None: [("find_customer", 1, ""), ("list_orders", 1, "")]},
+    "ranking": {None: [("top_products", 1, "")]},
+    "sql_query": {None: [("describe_table", 1, ""), ("run_sql", 1, "")]},
+    "support_tickets": {"month_counts": [("ticket_counts", 1, "")], "ticket_status": [("ticket_details", 1, "")],
+                        None: [("find_customer", 1, ""), ("list_tickets", 1, "")]},
+}
+_FINAL_WORDS = {"comparison": "answer (the larger first)", "report": "confirm"}
+
+
+def plan_line(ep: "EpisodeSolver") -> str:
+    """The one-line plan of `ep`'s task under its tool names ("" for a family with no tool step): the tools of
+    the happy path in order, `xN` for N calls in one step, a step's purpose in brackets, then the answer. A tool
+    the task does not offer (`note` on some tasks) is left out."""
+    table = _PLANS.get(ep.task.family)
+    if not table:
+        return ""
+    steps = table.get(ep.task.metadata.get("variant"), table.get(None, []))
+    parts = []
+    for tool, n, why in steps:
+        if not ep.offers(tool):
+            continue
+        parts.append(ep.name(tool) + (f" x{n}" if n > 1 else "") + (f" ({why})" if why else ""))
+    return "Plan: " + ", ".join(parts + [_FINAL_WORDS.get(ep.task.family, "answer")]) + "." if parts else ""
 
 
 @dataclass
@@ -731,9 +775,10 @@ class ExpertTeacher:
 
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
                  repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
-                 quiet_detours: bool = False):
+                 quiet_detours: bool = False, plan_first: bool = False):
         self.detour_rate = detour_rate
         self.quiet_detours = quiet_detours
+        self.plan_first = plan_first
         self.sql_rate = sql_rate
         self.borrow_rate = borrow_rate
         self.repeat_rate = repeat_rate
@@ -750,6 +795,10 @@ class ExpertTeacher:
             ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate,
                                self.borrow_rate, self.sql_rate, self.quiet_detours)
             action = next(ep.gen)
+            if self.plan_first and action.calls and (plan := plan_line(ep)):
+                # the plan opens the episode's first turn, detour or not; the solver's own text follows it
+                action = Action(text=f"{plan}\n{action.text}".rstrip("\n"), calls=action.calls, weight=action.weight,
+                                final=action.final, observed=action.observed)
         else:
             ep, prev = self._live[key]
             obs = last_observations(request.messages) if prev and prev.calls and prev.calls[0][0] != "note" else []
