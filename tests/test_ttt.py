@@ -391,6 +391,26 @@ def test_practice_is_spread_over_the_tools_it_ends_with() -> None:
     assert all(last[t] >= 3 for t in new), last  # ticket_counts too, though chains end elsewhere
 
 
+def test_single_share_gives_every_tool_its_single_calls_whatever_the_chains() -> None:
+    """Chains first (the default) leaves a new tool with few single-call tasks where the exploration found many
+    chains ending in it (`ticket_counts` here: 1 single of 8 at seed 0); with `single_share` 0.5 at least half of
+    each new tool's tasks are single calls, at every seed."""
+    import collections
+
+    _, _, ex = _explored("datadesk", "test_unseen_tools")
+    new = {"list_tickets", "ticket_details", "ticket_counts"}
+    for seed in (0, 1, 2):
+        plain = build_practice(ex, 32, seed=seed, prefer=new)
+        mixed = build_practice(ex, 32, seed=seed, prefer=new, single_share=0.5)
+        assert len(mixed) == len(plain) == 32
+        kinds = collections.Counter((t.metadata["plan"][-1]["name"], len(t.metadata["plan"]) == 1) for t in mixed)
+        for tool in new:
+            total = kinds[(tool, True)] + kinds[(tool, False)]
+            assert total >= 3 and kinds[(tool, True)] >= total // 2, (seed, tool, kinds)
+        singles = lambda ts: sum(len(t.metadata["plan"]) == 1 for t in ts)  # noqa: E731
+        assert singles(mixed) >= singles(plain), seed
+
+
 def test_user_form_writes_months_as_people_do_and_leaves_impossible_ones() -> None:
     from agentrig.ttt.explore import user_form
 

@@ -65,6 +65,9 @@ class TTTConfig:
     missing_share: float = opt(0.0, "share of the practice tasks that ask about something a tool found nothing "
                                "for, answered honestly; measured harmful (the model learns to stop at the first "
                                "\"No result\", its own wrong arguments' too: docs/ttt.md), so off by default")
+    single_share: float = opt(0.0, "at least this share of each tool's practice tasks are single calls, as far as "
+                              "the exploration found them (0: chains first, singles only where chains run out, so "
+                              "their number depends on the seed's exploration: docs/ttt.md)")
     rollout_faults: float = opt(0.2, "injected-fault rate on the adapter's practice rollouts (side-effect tools only "
                                 "get faults that stop the call before it runs, as in collection)")
     max_new_tokens: int = opt(160, "generation limit per step of the rollouts")
@@ -121,6 +124,8 @@ class TTTConfig:
             raise ConfigError(f"--replay-share is a fraction in [0, 1), got {self.replay_share}")
         if not 0.0 <= self.missing_share < 1.0:
             raise ConfigError(f"--missing-share is a fraction in [0, 1), got {self.missing_share}")
+        if not 0.0 <= self.single_share <= 1.0:
+            raise ConfigError(f"--single-share is a fraction in [0, 1], got {self.single_share}")
         if self.stack_rank < 0:
             raise ConfigError(f"--stack-rank must be 0 (continue the adapter) or a LoRA rank, got {self.stack_rank}")
         if not 0.0 <= self.fix_share <= 1.0:
@@ -278,7 +283,7 @@ def run_ttt(cfg: TTTConfig, log: Any = print, skip_empty: bool = False) -> dict[
         new_tools = novel_tools(replay, summary["exploration"]["tools"]) if replay else set()
         summary["exploration"]["new_to_the_adapter"] = sorted(new_tools)
         built = build_practice(exploration, cfg.practice_tasks, seed=cfg.seed, prefer=new_tools or None,
-                               missing_share=cfg.missing_share)
+                               missing_share=cfg.missing_share, single_share=cfg.single_share)
         penv = PracticeEnv(blind, surf, built)
         solved = solve(penv, built, cfg.harness)
         kept = [ep.task for ep in solved]

@@ -210,12 +210,13 @@ def _unique_path(result: Any, value: Any) -> list[Any] | None:
 
 def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors: int = 2,
                    prefer: set[str] | None = None, prefer_share: float = 0.75,
-                   missing_share: float = 0.0) -> list[TaskSpec]:
+                   missing_share: float = 0.0, single_share: float = 0.0) -> list[TaskSpec]:
     """Up to `n` practice tasks (chains first, then singles, each kind shuffled) from the exploration's
     successful calls; `distractors` other tools of the surface join each allowlist. With `prefer` (the tools
     new to the adapter), up to `prefer_share` of the tasks are ones whose last call is one of them. With
     `missing_share`, up to that share of the `n` are missing tasks (module docstring), spread over the tools
-    whose calls found nothing; the other shares apply to the rest."""
+    whose calls found nothing; the other shares apply to the rest. With `single_share`, at least that share of
+    each tool's tasks (as far as it has singles) are single calls, not chains (`_spread`)."""
     rng = random.Random(f"ttt-practice/{seed}")
     by_surface = {s.key: s for s in exploration.surfaces}
     calls = successful_calls(exploration)
@@ -283,10 +284,11 @@ def build_practice(exploration: Exploration, n: int, seed: int = 0, distractors:
     picked: list[TaskSpec] = []
     if prefer:
         uses = lambda t: t.metadata["plan"][-1]["name"] in prefer  # noqa: E731  (the task is about the new tool)
-        picked = _spread([t for t in chains if uses(t)], [t for t in singles if uses(t)], round(n * prefer_share))
+        picked = _spread([t for t in chains if uses(t)], [t for t in singles if uses(t)], round(n * prefer_share),
+                         single_share)
         chains = [t for t in chains if t not in picked]
         singles = [t for t in singles if t not in picked]
-    picked += _spread(chains, singles, n - len(picked))
+    picked += _spread(chains, singles, n - len(picked), single_share)
     picked += missing
     for i, t in enumerate(picked):
         t.id = f"practice-{seed}-{i:04d}"
@@ -331,24 +333,52 @@ def _missing_tasks(exploration: Exploration, calls: list[Call], n: int, rng: ran
     return out
 
 
-def _spread(chains: list[TaskSpec], singles: list[TaskSpec], n: int) -> list[TaskSpec]:
+def _spread(chains: list[TaskSpec], singles: list[TaskSpec], n: int, single_share: float = 0.0) -> list[TaskSpec]:
     """Up to `n` tasks, chains first, spread over the tool each ends with: no tool takes more than its share
-    of `n` (counted over chains and singles together), and what is left over fills up in the same order."""
+    of `n` (counted over chains and singles together), and what is left over fills up in the same order.
+    With `single_share` > 0 each tool's own tasks are interleaved instead, a single call whenever fewer than
+    that share of its tasks so far are singles, and the tools take turns (so the last tools are not the ones
+    `n` cuts): how many singles a tool gets no longer depends on how many chains the exploration happened to
+    find for it."""
     tools = {t.metadata["plan"][-1]["name"] for t in chains + singles}
     cap = max(1, -(-n // max(1, len(tools))))
+    order = chains + singles if single_share <= 0 else _interleave(chains, singles, single_share)
     picked: list[TaskSpec] = []
     per_tool: dict[str, int] = {}
-    for t in chains + singles:
+    for t in order:
         last = t.metadata["plan"][-1]["name"]
         if per_tool.get(last, 0) < cap and len(picked) < n:
             per_tool[last] = per_tool.get(last, 0) + 1
             picked.append(t)
-    for t in chains + singles:
+    for t in order:
         if len(picked) >= n:
             break
         if t not in picked:
             picked.append(t)
     return picked
+
+
+def _interleave(chains: list[TaskSpec], singles: list[TaskSpec], share: float) -> list[TaskSpec]:
+    """Per tool (the one each task ends with), its chains and singles in one list with a single wherever fewer
+    than `share` of the tasks so far are singles; then the tools in turn, one task each, in sorted order."""
+    last = lambda t: t.metadata["plan"][-1]["name"]  # noqa: E731
+    lists: dict[str, list[TaskSpec]] = {}
+    for tool in sorted({last(t) for t in chains + singles}):
+        c = [t for t in chains if last(t) == tool]
+        s = [t for t in singles if last(t) == tool]
+        out: list[TaskSpec] = []
+        taken = 0  # singles so far
+        while c or s:
+            if s and (taken < share * (len(out) + 1) or not c):
+                out.append(s.pop(0))
+                taken += 1
+            else:
+                out.append(c.pop(0))
+        lists[tool] = out
+    order: list[TaskSpec] = []
+    for rank in range(max((len(v) for v in lists.values()), default=0)):
+        order += [v[rank] for v in lists.values() if len(v) > rank]
+    return order
 
 
 _VERB_TEMPLATES = (
