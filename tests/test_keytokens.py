@@ -78,6 +78,11 @@ def test_the_decision_tokens_of_real_samples_are_the_first_token_of_each_supervi
     ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', ["get_weather"]),  # Llama 3.1
     ('[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b_c", "arguments": {"x": 1}}]', ["a", "b_c"]),  # Mistral
     ('sales_total failed; {"name": "Ada"} is a customer, not a call.', []),  # prose and plain JSON
+    # a plan opening the turn (the expert's plan_first): its items that name a called tool, then the call's name
+    ('Plan: sales_total x2, calculator (the sum), answer.\n<tool_call>\n{"name": "sales_total", "arguments": {}}'
+     '\n</tool_call> {"name": "calculator", "arguments": {}}', ["sales_total", "calculator", "sales_total", "calculator"]),
+    ('Plan: sales_total, answer.', []),  # a plan with no call in the row names nothing that is called
+    ('Checking. Plan: sales_total.\n{"name": "sales_total", "arguments": {}}', ["sales_total"]),  # not at the start
 ])
 def test_the_names_of_calls_in_each_template_form_are_found_and_nothing_else(text, names):
     ids = [ord(c) for c in text]  # one character per token

@@ -19,7 +19,10 @@ role headers between turns are never supervised), so the run's first position is
 
 The tool names are found in the token ids themselves, not by tokenizing again: each supervised run of tokens is
 decoded piece by piece, the call pattern is matched in the joined pieces, and the tokens under a matched name get
-the weight; a tool named in prose ("sales_total failed ...") is not a call and keeps weight 1. Data in which no
+the weight; a tool named in prose ("sales_total failed ...") is not a call and keeps weight 1. A plan that opens
+the turn ("Plan: sales_total x2, calculator (the percent change), answer.", the expert's `plan_first`) chooses
+the tools before the calls copy them, so its items that name a tool called in the row (this turn or a later one:
+the calculator of a percent change) are weighted too; its closing "answer" is not. Data in which no
 supervised token names a tool is refused by the trainer, so a key that would weight nothing says so.
 """
 
@@ -35,6 +38,10 @@ from agentrig.data.render import IGNORE_INDEX
 # a call's JSON as chat templates write it: Hermes' `<tool_call>{"name": ..., "arguments": ...}`, Llama 3.1's
 # `{"name": ..., "parameters": ...}`, Mistral's `[TOOL_CALLS][{"name": ..., "arguments": ...}]`
 NAME_PATTERN = re.compile(r'\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"(?:arguments|parameters)"\s*:')
+# a plan that opens a turn (the datadesk expert's `plan_first`: "Plan: sales_total x2, calculator (the sum), answer."):
+# each item's leading name is a choice of tool, made before the call that then copies it
+PLAN_PATTERN = re.compile(r"\A\s*Plan: ([^\n]*)")
+PLAN_ITEM = re.compile(r"(?:\A|, )([A-Za-z_][\w.-]*)")
 
 
 def _supervised_runs(labels: list[int]) -> list[tuple[int, int]]:
@@ -54,18 +61,26 @@ def tool_name_positions(input_ids: list[int], labels: list[int], piece: Callable
     `piece(token_id)` is the token's text (the tokenizer's decode of that one id).
     """
     found: list[int] = []
+    runs = []
     for start, end in _supervised_runs(labels):
         pieces = [piece(t) for t in input_ids[start:end]]
         offsets, text = [], ""
         for p in pieces:
             offsets.append(len(text))
             text += p
-        for match in NAME_PATTERN.finditer(text):
-            lo, hi = match.span(1)
+        runs.append((start, pieces, offsets, text, [m.span(1) for m in NAME_PATTERN.finditer(text)]))
+    called = {text[lo:hi] for _, _, _, text, spans in runs for lo, hi in spans}
+    for start, pieces, offsets, text, spans in runs:
+        if called and (plan := PLAN_PATTERN.match(text)):
+            # the plan's items that name a tool the row calls (not its closing "answer", nor other words)
+            base = plan.start(1)
+            spans = spans + [(base + m.start(1), base + m.end(1)) for m in PLAN_ITEM.finditer(plan.group(1))
+                             if m.group(1) in called]
+        for lo, hi in spans:
             for k, begin in enumerate(offsets):
                 if begin < hi and begin + len(pieces[k]) > lo:
                     found.append(start + k)
-    return found
+    return sorted(set(found))
 
 
 def decision_positions(labels: list[int]) -> list[int]:
