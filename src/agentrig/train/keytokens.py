@@ -14,8 +14,9 @@ tokens' gradients are unchanged.
 turn, where the model chooses between calling a tool (`<`, the start of `<tool_call>`), a recovery sentence
 ("sales_total failed ...") and the final answer. Answering before a needed call (the calculator's percent change
 written from memory, a customer's orders never listed) is one of the adapter's frequent failures, and that choice is
-one token of the ~66 a turn supervises in the main job's data. A turn is a maximal run of supervised tokens (the tool results and the
-role headers between turns are never supervised), so the run's first position is the turn's first token.
+one token of the ~66 a turn supervises in the main job's data. A turn is a maximal run of supervised tokens (the
+tool results and the role headers between turns are never supervised), so the run's first position is the turn's
+first token.
 
 The tool names are found in the token ids themselves, not by tokenizing again: each supervised run of tokens is
 decoded piece by piece, the call pattern is matched in the joined pieces, and the tokens under a matched name get

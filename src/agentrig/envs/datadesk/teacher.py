@@ -34,7 +34,7 @@ import json
 import random
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator
 
 from agentrig.envs.base import classify_observation as classify
@@ -797,8 +797,7 @@ class ExpertTeacher:
             action = next(ep.gen)
             if self.plan_first and action.calls and (plan := plan_line(ep)):
                 # the plan opens the episode's first turn, detour or not; the solver's own text follows it
-                action = Action(text=f"{plan}\n{action.text}".rstrip("\n"), calls=action.calls, weight=action.weight,
-                                final=action.final, observed=action.observed)
+                action = replace(action, text=f"{plan}\n{action.text}".rstrip("\n"))
         else:
             ep, prev = self._live[key]
             obs = last_observations(request.messages) if prev and prev.calls and prev.calls[0][0] != "note" else []
