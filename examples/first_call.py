@@ -23,7 +23,7 @@ def main() -> None:
     env = DatadeskEnv()
     tasks = env.tasks(split, n, seed=0, start=start)
     policy = HFPolicy.from_pretrained("smollm2-135m", adapters=None if adapter == "base" else {"a": adapter},
-                                      max_new_tokens=160, bf16=None)
+                                      max_new_tokens=160)
     if adapter != "base":
         policy.use("a")
     jobs = [(t, env.setup(t)[0], None) for t in tasks]

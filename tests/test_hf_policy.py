@@ -232,6 +232,27 @@ def test_prefix_cache_gives_the_uncached_replies_and_prefills_less(smol_tokenize
     assert sum(seen) < plain_tokens / 2
 
 
+def test_bf16_prefix_cache_is_held_in_bf16_and_gives_the_uncached_replies(smol_tokenizer) -> None:
+    """Under bf16 autocast the kept keys/values are bf16 (attention reads them in bf16; fp32 ones were cast
+    again at every decode step), the linear weights' bf16 copies give autocast's replies, and the replies
+    are the uncached bf16 path's; the model's weights are fp32 again afterwards."""
+    import torch
+
+    from agentrig.policies.hf_policy import HFPolicy
+
+    model = _talkative_model(smol_tokenizer)
+    prompts = ["hi", "what is the stock level of SKU A-17 in the north warehouse?", "list orders"]
+    plain = _episodes(HFPolicy(model, smol_tokenizer, max_new_tokens=6, prefix_cache=False, bf16=True), prompts, 3)
+    per_call = HFPolicy(model, smol_tokenizer, max_new_tokens=6, prefix_cache=False, bf16=True)
+    per_call._half.use = lambda model: None  # autocast casting the fp32 weights at every call, as before
+    assert _episodes(per_call, prompts, 3) == plain  # the bf16 copies are autocast's own rounding
+    policy = HFPolicy(model, smol_tokenizer, max_new_tokens=6, bf16=True)
+    assert _episodes(policy, prompts, 3) == plain
+    kept = [t for entry in policy._prefixes.values() for kv in entry.kv for t in kv]
+    assert kept and all(t.dtype == torch.bfloat16 for t in kept)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
 def test_prefix_cache_rows_of_one_episode_in_separate_batches(smol_tokenizer) -> None:
     from agentrig.policies.hf_policy import HFPolicy
 
@@ -314,12 +335,16 @@ def test_sampling_with_a_tiny_top_p_is_greedy(smol_tokenizer) -> None:
     assert _episodes(nucleus, prompts, 2) == greedy
 
 
-def test_bf16_autocast_runs_and_leaves_the_weights_fp32(tiny_model, smol_tokenizer) -> None:
+def test_bf16_autocast_runs_and_leaves_the_weights_fp32(tiny_model, smol_tokenizer, monkeypatch) -> None:
     import torch
 
+    import agentrig.models
     from agentrig.policies.hf_policy import HFPolicy
 
-    assert HFPolicy(tiny_model, smol_tokenizer).bf16 is False  # fp32 by default (docs/benchmarks.md)
+    for amx in (True, False):  # the default follows the CPU: bf16 with AMX, else fp32 (docs/benchmarks.md)
+        monkeypatch.setattr(agentrig.models, "amx_bf16", lambda amx=amx: amx)
+        assert HFPolicy(tiny_model, smol_tokenizer).bf16 is amx
+        assert HFPolicy(tiny_model, smol_tokenizer, bf16=not amx).bf16 is (not amx)
     policy = HFPolicy(tiny_model, smol_tokenizer, max_new_tokens=6, bf16=True)
     replies = policy.generate_batch([_request(p) for p in PROMPTS])
     assert policy.bf16 is True and len(replies) == len(PROMPTS)

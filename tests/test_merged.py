@@ -1,6 +1,7 @@
 """Merged adapter weights at inference (`agentrig.policies.merged`): the same replies and logits as PEFT's
 unmerged forward, the original weight tensors back after every batch (so nothing outside sees a merged
-model), and adapters that cannot merge exactly (DoRA, `modules_to_save`) left to PEFT's forward."""
+model), and adapters that cannot merge exactly (DoRA, `modules_to_save`) left to PEFT's forward. In fp32
+(`bf16=False`): under bf16 autocast the merged sum is rounded once and PEFT's three products each."""
 
 from __future__ import annotations
 
@@ -49,9 +50,9 @@ def test_merged_weights_give_peft_replies_and_are_swapped_back(smol_tokenizer, t
 
     adapters = {"a": _adapter(smol_tokenizer, tmp_path / "a", 1), "b": _adapter(smol_tokenizer, tmp_path / "b", 2)}
     merged = HFPolicy(_model(smol_tokenizer), smol_tokenizer, adapters=adapters, route="a", max_new_tokens=10,
-                      merge_adapters=True)
+                      merge_adapters=True, bf16=False)
     peft = HFPolicy(_model(smol_tokenizer), smol_tokenizer, adapters=adapters, route="a", max_new_tokens=10,
-                    merge_adapters=False)
+                    merge_adapters=False, bf16=False)
     assert HFPolicy(_model(smol_tokenizer), smol_tokenizer, adapters=adapters)._merged is not None  # CPU: on
     requests = [_request(p) for p in PROMPTS]
     q = merged.model.get_base_model().model.layers[0].self_attn.q_proj
@@ -82,9 +83,9 @@ def test_loading_and_unloading_adapters_drops_the_kept_merge(smol_tokenizer, tmp
     from agentrig.policies.hf_policy import HFPolicy
 
     a, b = _adapter(smol_tokenizer, tmp_path / "a", 1), _adapter(smol_tokenizer, tmp_path / "b", 2)
-    policy = HFPolicy(_model(smol_tokenizer), smol_tokenizer, max_new_tokens=8, merge_adapters=True)
+    policy = HFPolicy(_model(smol_tokenizer), smol_tokenizer, max_new_tokens=8, merge_adapters=True, bf16=False)
     reference = HFPolicy(_model(smol_tokenizer), smol_tokenizer, adapters={"x": b}, route="x", max_new_tokens=8,
-                         merge_adapters=False)
+                         merge_adapters=False, bf16=False)
     request = _request("list orders")
     policy.load_adapter("x", a)
     policy.use("x")
@@ -102,9 +103,9 @@ def test_adapters_that_cannot_merge_exactly_keep_pefts_forward(smol_tokenizer, t
 
     folder = _adapter(smol_tokenizer, tmp_path / "odd", 3, **lora)
     merged = HFPolicy(_model(smol_tokenizer), smol_tokenizer, adapters={"odd": folder}, max_new_tokens=8,
-                      merge_adapters=True)
+                      merge_adapters=True, bf16=False)
     peft = HFPolicy(_model(smol_tokenizer), smol_tokenizer, adapters={"odd": folder}, max_new_tokens=8,
-                    merge_adapters=False)
+                    merge_adapters=False, bf16=False)
     assert plain_lora_layers(merged.model, "odd") is None
     requests = [_request(p) for p in PROMPTS]
     assert [r.text for r in merged.generate_batch(requests)] == [r.text for r in peft.generate_batch(requests)]

@@ -95,6 +95,17 @@ def native_bf16() -> bool:
                                                                           "_is_amx_tile_supported"))
 
 
+def amx_bf16() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later), where bf16 autocast also makes
+    batched decoding faster, not only prefill and training (docs/benchmarks.md, 2026-12-07): what
+    `HFPolicy`'s default precision asks. False with a CUDA GPU (half-precision weights there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
 @contextlib.contextmanager
 def quiet_loading() -> Iterator[None]:
     """Keep libraries' own noise out of the user's terminal while a model or adapter loads: transformers'

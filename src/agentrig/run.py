@@ -383,9 +383,10 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
         write_episodes(out / episodes_file(name), res.episodes)
         results[name] = {"metrics": res.metrics.to_dict(), "wall_s": round(res.wall_s, 1),
                          "episodes_file": str(out / episodes_file(name))}
+    bf16 = bool(getattr(policy, "bf16", False))  # HFPolicy's default: bf16 autocast where the CPU has AMX
     write_metrics(out, configs, evals, {"policy": "model", "model": cfg.model, "adapters": adapters,
-                                        "max_new_tokens": prof.eval_max_new_tokens})
-    return {**results, "splits": list(splits or EVAL_SPLITS)}
+                                        "max_new_tokens": prof.eval_max_new_tokens, "bf16": bf16})
+    return {**results, "splits": list(splits or EVAL_SPLITS), "bf16": bf16}
 
 
 def _curve(cfg: RunConfig, prof: Profile, root: Path, sft: dict[str, Any]) -> dict[str, Any]:
@@ -484,7 +485,8 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         + f"; detours {prof.detours}, "
         f"tool listing {prof.tool_listing}",
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "
-        f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy, injected tool-fault rate {prof.eval_faults}",
+        f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy"
+        f"{' in bf16 autocast (a CPU with AMX)' if stages['eval'].get('bf16') else ''}, injected tool-fault rate {prof.eval_faults}",
         f"stage times: {times}; total {_mmss(total_s)}",
     ]
     if "base" in metric_sets:

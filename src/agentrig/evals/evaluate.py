@@ -140,6 +140,9 @@ def _jobs(env: Any, config: EvalConfig) -> list[tuple[TaskSpec, int]]:
 # -- the command line ------------------------------------------------------------------------
 
 
+PRECISIONS = {"auto": None, "bf16": True, "fp32": False}  # --precision -> HFPolicy's bf16
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of `agentrig eval`."""
     parser.add_argument("--policy", default="model", choices=list(POLICIES),
@@ -154,6 +157,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-base", action="store_true", help="also evaluate the base model without adapters")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="generation limit per step (default: %(default)s)")
+    parser.add_argument("--precision", default="auto", choices=list(PRECISIONS),
+                        help="a local model on a CPU: `auto` (default): bf16 autocast where the CPU has AMX, else "
+                             "fp32; `bf16`; `fp32`")
     add_flags(parser, EvalConfig)
     add_flags(parser.add_argument_group("harness rules (HarnessConfig)"), HarnessConfig)
     parser.add_argument("--base-url", default=None, help="evaluate a model behind an OpenAI-compatible endpoint instead")
@@ -230,7 +236,8 @@ def main(args: argparse.Namespace) -> int:
         variants = {args.model: None}
     else:
         policy = load_policy(PolicySpec(args.model, adapters=adapters, max_new_tokens=args.max_new_tokens,
-                                        temperature=args.temperature, seed=args.seed, batch_size=args.batch_size))
+                                        temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
+                                        bf16=PRECISIONS[args.precision]))
         variants = _variants(adapters, route, args.include_base)
 
     if args.context_examples:
@@ -255,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
     policy_config = {"policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
                      "base_url": args.base_url, "tool_format": args.tool_format if args.base_url else None,
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                     "context_examples": args.context_examples}
+                     "precision": args.precision, "bf16": getattr(policy, "bf16", None), "context_examples": args.context_examples}
     write_metrics(out, {name: config for name in results}, results, policy_config)
     last = list(results.values())[-1]
     who = "the expert teacher" if args.policy == "expert" else args.model

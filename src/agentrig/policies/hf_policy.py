@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Union
 from agentrig.errors import ConfigError
 from agentrig.harness import PolicyReply, PolicyRequest
 from agentrig.harness.trajectory import TaskSpec
+from agentrig.policies.halfweights import HalfWeights
 from agentrig.policies.merged import MergedWeights
 
 BASE = "base"  # the route name meaning "no adapter"
@@ -75,10 +76,11 @@ class HFPolicy:
         seed: makes sampling reproducible for the same sequence of calls and batches.
         batch_size: most sequences in one `model.generate` call.
         prefix_cache: reuse each episode's keys/values across its steps (see the module docstring).
-        bf16: run fp32 weights under bf16 autocast on the CPU, as training does: True, False (the default:
-            on this project's 2-core CPU it evaluated the default adapter in 396 s against 408 s, with the
-            same completion, docs/benchmarks.md), or None = where the CPU has native bf16 (AVX512-BF16 or
-            AMX). Models already in a half precision (GPUs) are unaffected.
+        bf16: run fp32 weights under bf16 autocast on the CPU, as training does: True, False, or None (the
+            default) = where the CPU has AMX (`agentrig.models.amx_bf16`). Measured on 2 cores
+            (docs/benchmarks.md): with AMX, bf16 made prefill 2.3x and batch-16 decoding 1.4x faster; with
+            AVX512-BF16 alone it evaluated the default adapter in 396 s against 408 s, so fp32 stays there.
+            Models already in a half precision (GPUs) are unaffected.
         merge_adapters: generate with the active adapter's weights merged into the base layers
             (`agentrig.policies.merged`: one product per layer instead of three, restored exactly on a
             switch); None = on a CPU, where it made evaluation about 12% faster with the same replies.
@@ -98,7 +100,7 @@ class HFPolicy:
         seed: int | None = None,
         batch_size: int = 16,
         prefix_cache: bool = True,
-        bf16: bool | None = False,
+        bf16: bool | None = None,
         merge_adapters: bool | None = None,
     ) -> None:
         if temperature < 0:
@@ -130,6 +132,7 @@ class HFPolicy:
         self.route: Route = None
         self.use(route)
         self.bf16 = self._autocast_wanted(bf16)
+        self._half = HalfWeights()  # bf16 copies of the linear weights while generating under autocast
         if merge_adapters is None:
             merge_adapters = next(self.model.parameters()).device.type == "cpu"
         self._merged = MergedWeights() if merge_adapters else None
@@ -309,6 +312,7 @@ class HFPolicy:
             raise ConfigError(f"an adapter named {name!r} is already loaded; unload it first or choose another name")
         if self._merged is not None:
             self._merged.forget()
+        self._half.forget()
         base = self.model.get_base_model() if self.adapter_names else self.model
         check_adapter(base, folder)  # before PEFT touches the model: a failed load must not half-change it
         from agentrig.models import quiet_loading
@@ -334,6 +338,7 @@ class HFPolicy:
             raise ConfigError(f"no adapter named {name!r} is loaded; loaded: {', '.join(self.adapter_names) or 'none'}")
         if self._merged is not None:
             self._merged.forget()
+        self._half.forget()
         if len(self.adapter_names) == 1:
             self.model = self.model.unload()  # back to the plain base model (weights were never merged)
         else:
@@ -354,16 +359,26 @@ class HFPolicy:
         if param.dtype != torch.float32 or param.device.type != "cpu":
             return False
         if bf16 is None:
-            from agentrig.models import native_bf16
+            from agentrig.models import amx_bf16
 
-            return native_bf16()
+            return amx_bf16()
         return bf16
 
-    def _precision(self) -> Any:
-        """bf16 autocast on the CPU when `self.bf16`, else nothing."""
+    @contextlib.contextmanager
+    def _precision(self) -> Iterator[None]:
+        """bf16 autocast on the CPU when `self.bf16`, with the linear weights' bf16 copies in place
+        (`agentrig.policies.halfweights`: autocast would cast them again at every call); else nothing."""
         import torch
 
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        if not self.bf16:
+            yield
+            return
+        self._half.use(self.model)
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                yield
+        finally:
+            self._half.restore()
 
     def _load_adapters(self, model: Any, adapters: dict[str, str]) -> Any:
         if not adapters:
@@ -622,6 +637,10 @@ class HFPolicy:
             self.model(input_ids=torch.tensor([prompt[reused:need]], device=device), cache=cache, use_cache=True,
                        logits_to_keep=1)
             kv = [(layer.keys, layer.values) for layer in cache.layers]
+            if self.bf16:
+                # Held in bf16, as attention reads them under autocast: otherwise autocast casts the whole
+                # cache to bf16 again at every decode step, which made bf16 evaluation 1.45x slower than fp32.
+                kv = [(k.to(torch.bfloat16), v.to(torch.bfloat16)) for k, v in kv]
             this_batch.append(_Prefix(prompt[:need], kv))
         return kv
 

@@ -29,6 +29,7 @@ class PolicySpec:
     protocol: str | None = None  # endpoint only: the output protocol the replies are written in
     concurrency: int | None = None  # endpoint only: requests in flight
     tool_format: str | None = None  # endpoint only: "harness", "hermes" or "native" (OpenAIPolicy's tool_format)
+    bf16: bool | None = None  # local only: bf16 autocast on a CPU; None = HFPolicy's default (where the CPU has AMX)
 
 
 def _given(**kwargs: Any) -> dict[str, Any]:
@@ -51,4 +52,5 @@ def load_policy(spec: PolicySpec) -> Any:
     from agentrig.policies.hf_policy import HFPolicy
 
     return HFPolicy.from_pretrained(spec.model, spec.adapters, **_given(
-        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed, batch_size=spec.batch_size))
+        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=spec.seed, batch_size=spec.batch_size,
+        bf16=spec.bf16))
