@@ -24,7 +24,7 @@ class HalfWeights:
     """Per linear layer, a bf16 copy of its fp32 weight, in place while `use(model)` holds."""
 
     def __init__(self) -> None:
-        # layer -> (the fp32 tensor the copy was made from, its version then, the bf16 copy)
+        # layer -> (the fp32 tensor the copy was made from, the parameter's version then, the bf16 copy)
         self._copies: dict[Any, tuple[Any, int, Any]] = {}
         self._swapped: list[tuple[Any, Any]] = []  # (layer, its fp32 tensor) while in use
 
@@ -40,10 +40,10 @@ class HalfWeights:
                     continue
                 if embeddings is not None and layer.weight is embeddings:
                     continue
-                weight = layer.weight.data
+                weight, version = layer.weight.data, layer.weight._version  # `.data` has a version of its own
                 kept = self._copies.get(layer)
-                if kept is None or kept[0].data_ptr() != weight.data_ptr() or kept[1] != weight._version:
-                    kept = (weight, weight._version, weight.to(torch.bfloat16))
+                if kept is None or kept[0].data_ptr() != weight.data_ptr() or kept[1] != version:
+                    kept = (weight, version, weight.to(torch.bfloat16))
                     self._copies[layer] = kept
                 self._swapped.append((layer, weight))
                 layer.weight.data = kept[2]
