@@ -480,8 +480,9 @@ def test_streamed_episodes_get_the_replies_of_lockstep_rounds(smol_tokenizer, tm
 
 
 def test_half_weights_swap_bf16_copies_in_and_the_originals_back(smol_tokenizer) -> None:
-    """`HalfWeights`: every fp32 linear weight but the head tied to the embeddings is a bf16 copy while in use,
-    the very same fp32 tensors afterwards; a weight changed in place or replaced gets a fresh copy."""
+    """`HalfWeights`: every fp32 linear layer holds a bf16 copy while in use, the tied head too while the
+    embeddings stay fp32; the very same parameters afterwards; a weight changed in place or replaced gets a
+    fresh copy, an unchanged one is not copied again."""
     import torch
 
     from agentrig.models import tiny_random_model
@@ -489,29 +490,29 @@ def test_half_weights_swap_bf16_copies_in_and_the_originals_back(smol_tokenizer)
 
     model = tiny_random_model(len(smol_tokenizer))
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    tied = model.get_output_embeddings()
-    assert tied.weight is model.get_input_embeddings().weight  # SmolLM2's tied head, left in fp32
-    originals = {m: m.weight.data for m in linears}
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    assert head.weight is embeddings.weight  # SmolLM2's tied head
+    params = {m: m.weight for m in linears}
     half = HalfWeights()
     half.use(model)
-    assert {m.weight.dtype for m in linears if m is not tied} == {torch.bfloat16}
-    assert tied.weight.dtype == torch.float32
+    assert {m.weight.dtype for m in linears} == {torch.bfloat16}
+    assert embeddings.weight is params[head] and embeddings.weight.dtype == torch.float32
     q = model.model.layers[0].self_attn.q_proj
-    assert torch.equal(q.weight.data, originals[q].to(torch.bfloat16))
-    copy = q.weight.data.data_ptr()
+    assert torch.equal(q.weight, params[q].data.to(torch.bfloat16))
+    copy = q.weight.data_ptr()
     half.restore()
-    assert all(m.weight.data.data_ptr() == originals[m].data_ptr() and m.weight.dtype == torch.float32 for m in linears)
+    assert all(m.weight is params[m] and m.weight.dtype == torch.float32 for m in linears)
     half.use(model)
-    assert q.weight.data.data_ptr() == copy  # unchanged weights: the same copy, not made again
+    assert q.weight.data_ptr() == copy  # unchanged weights: the same copy, not made again
     half.restore()
     with torch.no_grad():
         q.weight.mul_(2)  # changed in place: the next use copies it again
     half.use(model)
-    assert torch.equal(q.weight.data, (originals[q]).to(torch.bfloat16))
+    assert torch.equal(q.weight, params[q].data.to(torch.bfloat16)) and q.weight.data_ptr() != copy
     half.restore()
-    replaced = originals[q] + 1  # another tensor (an adapter's merged weights)
+    replaced = params[q].data + 1  # another tensor (an adapter's merged weights)
     q.weight.data = replaced
     half.use(model)
-    assert torch.equal(q.weight.data, replaced.to(torch.bfloat16))
+    assert torch.equal(q.weight, replaced.to(torch.bfloat16))
     half.forget()
-    assert q.weight.data.data_ptr() == replaced.data_ptr()
+    assert q.weight is params[q] and q.weight.data.data_ptr() == replaced.data_ptr()
