@@ -8,7 +8,9 @@ the training data uses) and generates for up to `batch_size` of them together wi
 `generate_stream` is the harness's continuous batching (an episode's next request joins the running decode
 as soon as its reply is applied). On a CPU the active adapter's weights are merged into the base layers for
 the duration of a batch (`agentrig.policies.merged`: one product per layer instead of three), and the
-original tensors are swapped back afterwards, so the base weights stay untouched.
+original tensors are swapped back afterwards, so the base weights stay untouched. On a CPU with AMX the
+forward runs under bf16 autocast (`bf16`), with the KV cache in bf16 and a bf16 copy of each linear weight in
+its layer for the batch (`agentrig.policies.halfweights`).
 Generation runs to the end-of-turn token, so a turn can hold several `<tool_call>` blocks (parallel
 calls, as the training data has them); it stops early when the model starts writing a `<tool_response>`
 itself (the harness cuts and classifies that as a defect). It is greedy by default, temperature sampling when `temperature > 0` (seeded when `seed` is set).
