@@ -83,6 +83,13 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
     return tokenizer
 
 
+def _cpu_has(probe: str) -> bool:
+    """torch's CPU feature probe `torch.cpu.<probe>()`; False where this torch lacks it."""
+    import torch
+
+    return bool(getattr(torch.cpu, probe, lambda: False)())
+
+
 def native_bf16() -> bool:
     """Whether this machine runs bf16 matmuls natively: a CUDA GPU that supports bf16, or (without a GPU)
     a CPU with AVX512-BF16 or AMX. Elsewhere bf16 is emulated and slower than fp32."""
@@ -90,9 +97,7 @@ def native_bf16() -> bool:
 
     if torch.cuda.is_available():
         return bool(torch.cuda.is_bf16_supported())
-    cpu = torch.cpu
-    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_avx512_bf16_supported",
-                                                                          "_is_amx_tile_supported"))
+    return _cpu_has("_is_avx512_bf16_supported") or _cpu_has("_is_amx_tile_supported")
 
 
 def amx_bf16() -> bool:
@@ -101,9 +106,7 @@ def amx_bf16() -> bool:
     `HFPolicy`'s default precision asks. False with a CUDA GPU (half-precision weights there)."""
     import torch
 
-    if torch.cuda.is_available():
-        return False
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return not torch.cuda.is_available() and _cpu_has("_is_amx_tile_supported")
 
 
 @contextlib.contextmanager

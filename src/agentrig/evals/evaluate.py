@@ -239,6 +239,7 @@ def main(args: argparse.Namespace) -> int:
                                         temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
                                         bf16=PRECISIONS[args.precision]))
         variants = _variants(adapters, route, args.include_base)
+    bf16 = getattr(policy, "bf16", None)  # whether the local model runs bf16 (before any wrapper below)
 
     if args.context_examples:
         from agentrig.evals.incontext import InContextPolicy, examples_block
@@ -262,7 +263,7 @@ def main(args: argparse.Namespace) -> int:
     policy_config = {"policy": args.policy, "model": args.model, "adapters": adapters, "route": route,
                      "base_url": args.base_url, "tool_format": args.tool_format if args.base_url else None,
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                     "precision": args.precision, "bf16": getattr(policy, "bf16", None), "context_examples": args.context_examples}
+                     "precision": args.precision, "bf16": bf16, "context_examples": args.context_examples}
     write_metrics(out, {name: config for name in results}, results, policy_config)
     last = list(results.values())[-1]
     who = "the expert teacher" if args.policy == "expert" else args.model
