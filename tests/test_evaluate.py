@@ -120,6 +120,21 @@ def test_bad_options_are_config_errors() -> None:
         parse_pairs(["sft"], "--adapter")
 
 
+def test_precision_refused_where_nothing_local_runs(tmp_path: Path, capsys) -> None:
+    """`--precision` sets a local model's arithmetic: with the expert or a served model it is an error, not ignored."""
+    from agentrig.cli import main
+
+    assert main(["eval", "--policy", "expert", "--precision", "fp32", "--limit", "1", "--out", str(tmp_path / "a")]) == 2
+    assert "the expert teacher has none to set: drop --precision" in capsys.readouterr().err
+    assert main(["eval", "--base-url", "http://127.0.0.1:9/v1", "--precision", "bf16", "--limit", "1",
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "a model behind --base-url has none to set" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "metrics.json").exists() and not (tmp_path / "b" / "metrics.json").exists()
+    # the default, auto, is what every such run passes, and it runs
+    assert main(["eval", "--policy", "expert", "--limit", "1", "--split", "test", "--out", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "metrics.json").read_text())["config"]["precision"] == "auto"
+
+
 @pytest.fixture()
 def tiny_model_dir(tmp_path: Path, smol_tokenizer) -> Path:
     """A tiny random model and the default tokenizer saved as a model folder, plus one LoRA adapter."""

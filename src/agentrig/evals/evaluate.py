@@ -219,6 +219,10 @@ def main(args: argparse.Namespace) -> int:
 
     env = load_env(config.env, config.tasks)
     _jobs(env, config)  # resolves the splits; bad ones and repeated task ids are refused before anything is written
+    if args.precision != "auto" and (args.policy == "expert" or args.base_url):
+        raise ConfigError(f"--precision {args.precision} sets a local model's arithmetic; "
+                          f"{'the expert teacher' if args.policy == 'expert' else 'a model behind --base-url'} has "
+                          "none to set: drop --precision (a served model's precision is the server's own flag)")
     if args.policy == "expert":
         if adapters or route or args.base_url:
             raise ConfigError("--policy expert runs the environment's own teacher: drop --adapter/--route/--base-url")
