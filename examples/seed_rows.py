@@ -3,7 +3,7 @@
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
     [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--decision-weight W] [--sql-detours SHARE]
-    [--detour-sentence] [--plan-first]
+    [--detour-sentence] [--plan-first] [--figure-weight W]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -20,7 +20,8 @@ trained so; `--quiet-detours`, row 32's flag, is the profile's default since);
 `--family-weights` reweights the teacher's task families (`collect --family-weights`); `--learning-rate` sets SFT's
 peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample's context without gradient);
 `--tool-name-weight` sets SFT's `tool_name_weight` (the loss weight of the tokens that name a call's tool),
-`--decision-weight` its `decision_weight` (the loss weight of each assistant turn's first token: call or answer);
+`--decision-weight` its `decision_weight` (the loss weight of each assistant turn's first token: call or answer),
+`--figure-weight` its `figure_weight` (the loss weight of the tokens that hold a digit);
 `--plan-first` has the teacher open each episode's first calls with a one-line plan (`collect --plan-first`).
 `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--prompt-no-grad", action="store_true", help="SFT with prompt_no_grad (default: the profile's)")
     ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 5; 1 is the plain loss)")
     ap.add_argument("--decision-weight", type=float, default=None, help="SFT decision_weight (default: the profile's; 1 is the plain loss)")
+    ap.add_argument("--figure-weight", type=float, default=None, help="SFT figure_weight (default: the profile's; 1 is the plain loss)")
     ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
     from agentrig import run
@@ -71,6 +73,7 @@ def main() -> None:
                    prompt_no_grad=a.prompt_no_grad or prof.prompt_no_grad,
                    tool_name_weight=a.tool_name_weight or prof.tool_name_weight,
                    decision_weight=a.decision_weight or prof.decision_weight,
+                   figure_weight=a.figure_weight or prof.figure_weight,
                    borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours,
                    sql_detours=prof.sql_detours if a.sql_detours is None else a.sql_detours,
                    quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence,
@@ -90,6 +93,7 @@ def main() -> None:
                "borrow_detours": prof.borrow_detours, "sql_detours": prof.sql_detours,
                "quiet_detours": prof.quiet_detours, "plan_first": prof.plan_first, "prompt_no_grad": prof.prompt_no_grad,
                "tool_name_weight": prof.tool_name_weight, "decision_weight": prof.decision_weight,
+               "figure_weight": prof.figure_weight,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

@@ -10,7 +10,8 @@ from test_train import synthetic_samples, tiny_config, tiny_model_dir, write_jso
 from test_train_keys import episodes_and_build  # noqa: F401 (fixture)
 
 from agentrig.errors import ConfigError, DataError
-from agentrig.train.keytokens import add_label_weights, decision_positions, piece_function, tool_name_positions
+from agentrig.train.keytokens import (add_label_weights, decision_positions, figure_positions, piece_function,
+                                      tool_name_positions)
 from agentrig.train.packing import RowCollator, TokenizedSample, pack_rows, packing_stats
 
 
@@ -102,10 +103,11 @@ def test_packed_rows_carry_the_weights_through_both_collations(smol_tokenizer):
     weighted = [i for i, w in enumerate(rows[0]["label_weights"]) if w == 4.0]
     assert [smol_tokenizer.decode([rows[0]["input_ids"][i] for i in g]).strip() for g in _groups(weighted)] \
         == ["sales_total"] * 3
-    assert counts == {"key_tokens": len(weighted), "decision_tokens": 0}
+    assert counts == {"key_tokens": len(weighted), "decision_tokens": 0, "figure_tokens": 0}
     both = pack_rows(samples, max_len=3 * len(prompt + reply))
     assert add_label_weights(both, smol_tokenizer, 4.0, decision_weight=3.0) == {"key_tokens": len(weighted),
-                                                                                 "decision_tokens": 3}
+                                                                                 "decision_tokens": 3,
+                                                                                 "figure_tokens": 0}
     assert [smol_tokenizer.decode([both[0]["input_ids"][i]]) for i, w in enumerate(both[0]["label_weights"])
             if w == 3.0] == ["Che"] * 3  # each sample's reply opens with "Checking."
     assert packing_stats(rows, 3 * len(prompt + reply))["supervised_tokens"] == 3 * len(reply)
@@ -114,6 +116,25 @@ def test_packed_rows_carry_the_weights_through_both_collations(smol_tokenizer):
         batch = RowCollator(0, padding_free=padding_free)(rows + [short])
         assert tuple(batch["label_weights"].shape) == tuple(batch["labels"].shape) == shape
         assert int((batch["label_weights"] == 4.0).sum()) == len(weighted)
+
+
+def test_figure_weight_is_on_the_supervised_digits_only(smol_tokenizer):
+    """Every supervised token holding a digit, and nothing else: not the prompt's figures, not a tool's name."""
+    prompt = smol_tokenizer("North sales in 2024-08? Use v2_sales.", add_special_tokens=False)["input_ids"]
+    reply = smol_tokenizer('<tool_call>\n{"name": "v2_sales", "arguments": {"month": "2024-08"}}\n</tool_call>',
+                           add_special_tokens=False)["input_ids"]
+    answer = smol_tokenizer("North sold 40410.30 EUR.", add_special_tokens=False)["input_ids"]
+    ids = prompt + reply + [0] + answer
+    labels = [-100] * len(prompt) + reply + [-100] + answer
+    rows = [{"input_ids": ids, "labels": labels, "position_ids": list(range(len(ids)))}]
+    counts = add_label_weights(rows, smol_tokenizer, 5.0, decision_weight=1.0, figure_weight=3.0)
+    by_weight: dict[float, str] = {}
+    for t, w in zip(ids, rows[0]["label_weights"]):
+        by_weight[w] = by_weight.get(w, "") + smol_tokenizer.decode([t])
+    assert by_weight[3.0] == "2024084041030"  # the month sent, the total answered, digit by digit
+    assert by_weight[5.0].strip() == "v2_sales"  # the tool's name keeps its own weight, its digit included
+    assert counts == {"key_tokens": rows[0]["label_weights"].count(5.0), "decision_tokens": 0, "figure_tokens": 13}
+    assert "2024" in smol_tokenizer.decode([t for t, w in zip(ids, rows[0]["label_weights"]) if w == 1.0])  # prompt's
 
 
 def _hermes_samples(tokenizer, n: int) -> list[dict]:
@@ -128,7 +149,7 @@ def _hermes_samples(tokenizer, n: int) -> list[dict]:
 
 
 def _first_step_loss_by_hand(model_dir: Path, samples: list[dict], tokenizer, weight: float,
-                             decision: float = 1.0) -> float:
+                             decision: float = 1.0, figure: float = 1.0) -> float:
     """sum(w * nll) / supervised tokens at the base model (LoRA's B starts at zero, so step 1 sees the base)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -142,9 +163,10 @@ def _first_step_loss_by_hand(model_dir: Path, samples: list[dict], tokenizer, we
             logps = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
         key = set(tool_name_positions(s["input_ids"], s["labels"], piece))
         first = set(decision_positions(s["labels"]))
+        digits = set(figure_positions(s["input_ids"], s["labels"], piece))
         for i in range(1, len(s["input_ids"])):
             if s["labels"][i] != -100:
-                w = weight if i in key else decision if i in first else 1.0
+                w = weight if i in key else decision if i in first else figure if i in digits else 1.0
                 total += -float(logps[i - 1, s["input_ids"][i]]) * w
                 count += 1
     return total / count
@@ -159,20 +181,23 @@ def test_the_first_steps_loss_is_the_weighted_sum_over_the_supervised_count_and_
     data = write_jsonl(tmp_path / "tokenized.jsonl", samples)
     losses = {}
     # prompt_no_grad lays the supervised tokens out in a row of its own; its log-probs keep the plain order
-    for weight, no_grad, decision in ((1.0, False, 1.0), (5.0, False, 1.0), (5.0, True, 1.0), (1.0, False, 9.0)):
-        result = run_train(tiny_config(tiny_model_dir, data, tmp_path / f"w{weight}{no_grad}{decision}", max_steps=2,
-                                       save_steps=2, per_device_train_batch_size=4, max_seq_length=512, seed=3,
-                                       bf16=False, tool_name_weight=weight, prompt_no_grad=no_grad,
-                                       decision_weight=decision))
-        losses[weight, no_grad, decision] = result.loss_history[0]["loss"]
+    for weight, no_grad, decision, figure in ((1.0, False, 1.0, 1.0), (5.0, False, 1.0, 1.0), (5.0, True, 1.0, 1.0),
+                                              (1.0, False, 9.0, 1.0), (1.0, False, 1.0, 9.0)):
+        result = run_train(tiny_config(tiny_model_dir, data, tmp_path / f"w{weight}{no_grad}{decision}{figure}",
+                                       max_steps=2, save_steps=2, per_device_train_batch_size=4, max_seq_length=512,
+                                       seed=3, bf16=False, tool_name_weight=weight, prompt_no_grad=no_grad,
+                                       decision_weight=decision, figure_weight=figure))
+        losses[weight, no_grad, decision, figure] = result.loss_history[0]["loss"]
         assert result.stats.get("key_tokens", 0) == (0 if weight == 1.0 else sum(
             len(tool_name_positions(s["input_ids"], s["labels"], piece_function(smol_tokenizer))) for s in samples))
         assert result.stats.get("decision_tokens", 0) == (0 if decision == 1.0 else len(samples))  # one turn each
-    for (weight, _, decision), loss in losses.items():
+        assert result.stats.get("figure_tokens", 0) == (0 if figure == 1.0 else len(samples))  # {"n": i}: one digit
+    for (weight, _, decision, figure), loss in losses.items():
         assert loss == pytest.approx(_first_step_loss_by_hand(tiny_model_dir, samples, smol_tokenizer, weight,
-                                                              decision), rel=2e-3)
-    assert losses[5.0, False, 1.0] > losses[1.0, False, 1.0] * 1.05
-    assert losses[1.0, False, 9.0] > losses[1.0, False, 1.0] * 1.05
+                                                              decision, figure), rel=2e-3)
+    assert losses[5.0, False, 1.0, 1.0] > losses[1.0, False, 1.0, 1.0] * 1.05
+    assert losses[1.0, False, 9.0, 1.0] > losses[1.0, False, 1.0, 1.0] * 1.05
+    assert losses[1.0, False, 1.0, 9.0] > losses[1.0, False, 1.0, 1.0] * 1.05
 
 
 def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tiny_model_dir):
@@ -190,3 +215,8 @@ def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tin
         config_from_dict({"dataset": "d", "decision_weight": -1})
     with pytest.raises(ConfigError, match="stage 'dpo' has none"):
         config_from_dict({"dataset": "d", "stage": "dpo", "adapter_name_or_path": "a", "decision_weight": 2})
+    with pytest.raises(ConfigError, match="figure_weight must be positive"):
+        config_from_dict({"dataset": "d", "figure_weight": 0})
+    digitless = [{"sample_id": "d", "input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4]}]
+    piece = {1: "a", 2: "b", 3: "c", 4: "d"}.get
+    assert figure_positions(digitless[0]["input_ids"], digitless[0]["labels"], piece) == []

@@ -138,7 +138,7 @@ def test_every_key_is_llamafactorys_name_and_the_documented_defaults_are_its_own
     # tokens' loss weights (train/keytokens.py) and the stop-gradient context (train/context.py), which LLaMA-Factory
     # has no key for
     assert [k for k in FIELDS if k not in lf] == ["lora_num_layers", "tool_name_weight", "decision_weight",
-                                                  "max_seq_length", "prompt_no_grad"]
+                                                  "figure_weight", "max_seq_length", "prompt_no_grad"]
     assert [k for k in LLAMAFACTORY_KEYS if k not in lf] == []
     assert {k: lf[k] for k in LF_DEFAULTS} == LF_DEFAULTS
 

@@ -72,6 +72,8 @@ class Profile:
     tool_name_weight: float = 1.0
     # SFT loss weight of each assistant turn's first token, the call-or-answer choice (TrainConfig.decision_weight)
     decision_weight: float = 1.0
+    # SFT loss weight of the tokens that hold a digit, the figures copied into calls and answers (TrainConfig.figure_weight)
+    figure_weight: float = 1.0
     # SFT with each decoder layer compiled (TrainConfig.torch_compile) when it trains on a CPU: measured there only
     # (1.23x a step, compilation paid back after about 70 steps; benchmarks/torch_compile.py)
     torch_compile: bool = False
@@ -346,6 +348,7 @@ def _train(cfg: RunConfig, prof: Profile, root: Path, stage: str, dataset: str, 
                        prompt_no_grad=prof.prompt_no_grad,
                        tool_name_weight=prof.tool_name_weight if stage == "sft" else 1.0,
                        decision_weight=prof.decision_weight if stage == "sft" else 1.0,
+                       figure_weight=prof.figure_weight if stage == "sft" else 1.0,
                        torch_compile=_compiles(prof, stage),
                        learning_rate=prof.learning_rate if stage == "sft" else 5.0e-5, lr_scheduler_type="cosine",
                        warmup_ratio=0.05, per_device_train_batch_size=prof.batch_size, gradient_accumulation_steps=1,
@@ -482,6 +485,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
            if prof.tool_name_weight != 1.0 else "")
         + (f", each turn's first token weighted {prof.decision_weight:g}x (decision_weight)"
            if prof.decision_weight != 1.0 else "")
+        + (f", digits weighted {prof.figure_weight:g}x (figure_weight)" if prof.figure_weight != 1.0 else "")
         + f"; detours {prof.detours}, "
         f"tool listing {prof.tool_listing}",
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "

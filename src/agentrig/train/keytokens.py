@@ -1,4 +1,5 @@
-"""Key-token loss weights: a call's tool name counts `tool_name_weight` times, a turn's first token `decision_weight`.
+"""Key-token loss weights: a call's tool name counts `tool_name_weight` times, a turn's first token `decision_weight`,
+a digit `figure_weight`.
 
 In an agent's SFT sample the choice of tool is a handful of tokens (`"name": "sales_total"` is 4 of SmolLM2's
 tokens) among the ~200 supervised ones of the call's JSON, the retry sentences and the answer, so under the plain
@@ -17,6 +18,12 @@ written from memory, a customer's orders never listed) is one of the adapter's f
 one token of the ~66 a turn supervises in the main job's data. A turn is a maximal run of supervised tokens (the
 tool results and the role headers between turns are never supervised), so the run's first position is the turn's
 first token.
+
+`figure_weight` weights the supervised tokens that hold a digit: the figures a call's arguments and the answer
+copy from the request and the tool results (a month, a customer id, a total, a rate, a calculator expression's
+operands). A figure copied wrong or bound to the wrong region (`answer_figure`, `wrong_value`) is the adapter's
+other frequent failure, and SmolLM2's tokenizer writes one token per digit, so they are about a fifth of the main
+job's supervised tokens. A tool name or a turn's first token keeps its own weight.
 
 The tool names are found in the token ids themselves, not by tokenizing again: each supervised run of tokens is
 decoded piece by piece, the call pattern is matched in the joined pieces, and the tokens under a matched name get
@@ -84,6 +91,12 @@ def tool_name_positions(input_ids: list[int], labels: list[int], piece: Callable
     return sorted(set(found))
 
 
+def figure_positions(input_ids: list[int], labels: list[int], piece: Callable[[int], str]) -> list[int]:
+    """Supervised positions whose token holds a digit."""
+    return [i for i, (t, label) in enumerate(zip(input_ids, labels))
+            if label != IGNORE_INDEX and any(c.isdigit() for c in piece(t))]
+
+
 def decision_positions(labels: list[int]) -> list[int]:
     """The first supervised position of each assistant turn: the call-or-answer choice."""
     return [start for start, _ in _supervised_runs(labels)]
@@ -103,23 +116,31 @@ def piece_function(tokenizer: Any) -> Callable[[int], str]:
 
 
 def add_label_weights(rows: list[dict[str, list[Any]]], tokenizer: Any, weight: float,
-                      decision_weight: float = 1.0) -> dict[str, int]:
-    """Give each packed row `label_weights`: 1.0, `weight` at tool-name tokens, `decision_weight` at each turn's first.
+                      decision_weight: float = 1.0, figure_weight: float = 1.0) -> dict[str, int]:
+    """Give each packed row `label_weights`: 1.0, `weight` at tool-name tokens, `decision_weight` at each turn's first,
+    `figure_weight` at the other tokens that hold a digit.
 
-    Returns how many tokens each weight was put on (`key_tokens`, `decision_tokens`; a weight of 1 puts none). The
-    row's first label of every sample is already -100 (`packing._row`), so no run crosses two samples.
+    Returns how many tokens each weight was put on (`key_tokens`, `decision_tokens`, `figure_tokens`; a weight of 1
+    puts none; a token a later weight overwrites counts under that one). The row's first label of every sample is
+    already -100 (`packing._row`), so no run crosses two samples.
     """
     piece = piece_function(tokenizer)
-    counts = {"key_tokens": 0, "decision_tokens": 0}
+    counts = {"key_tokens": 0, "decision_tokens": 0, "figure_tokens": 0}
     for row in rows:
         weights = [1.0] * len(row["input_ids"])
+        figures = set(figure_positions(row["input_ids"], row["labels"], piece)) if figure_weight != 1.0 else set()
+        for i in figures:
+            weights[i] = figure_weight
         if weight != 1.0:
             for i in tool_name_positions(row["input_ids"], row["labels"], piece):
                 weights[i] = weight
                 counts["key_tokens"] += 1
+                figures.discard(i)  # a digit in a tool's name (`v2_lookup`) is the tool choice
         if decision_weight != 1.0:
             for i in decision_positions(row["labels"]):
                 weights[i] = decision_weight  # a turn opens with text or `<`, never inside a call's name
                 counts["decision_tokens"] += 1
+                figures.discard(i)
+        counts["figure_tokens"] += len(figures)
         row["label_weights"] = weights
     return counts

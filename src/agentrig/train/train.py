@@ -307,14 +307,18 @@ def _build_sft(config: TrainConfig, tokenizer: Any, meter: Any,
         raise DataError(f"{config.dataset}: no supervised tokens (every label is -100)")
     val_rows = pack_rows(data.val, config.max_seq_length, packing=config.packing)
     stats.update(samples=len(samples), truncated=truncated, val_samples=len(data.val))
-    if config.tool_name_weight != 1.0 or config.decision_weight != 1.0:  # validation keeps the plain loss
-        from agentrig.train.keytokens import add_label_weights
+    if config.tool_name_weight != 1.0 or config.decision_weight != 1.0 or config.figure_weight != 1.0:
+        from agentrig.train.keytokens import add_label_weights  # (validation keeps the plain loss)
 
-        counts = add_label_weights(rows, tokenizer, config.tool_name_weight, config.decision_weight)
+        counts = add_label_weights(rows, tokenizer, config.tool_name_weight, config.decision_weight,
+                                   config.figure_weight)
         if config.tool_name_weight != 1.0 and counts["key_tokens"] == 0:
             raise DataError(f"{config.dataset}: tool_name_weight {config.tool_name_weight} but no supervised token "
                             "names a tool in a call's JSON ({\"name\": ..., \"arguments\": ...}): leave "
                             "tool_name_weight at 1 for data without tool calls")
+        if config.figure_weight != 1.0 and counts["figure_tokens"] == 0:
+            raise DataError(f"{config.dataset}: figure_weight {config.figure_weight} but no supervised token holds a "
+                            "digit: leave figure_weight at 1 for data without figures")
         stats.update({k: v for k, v in counts.items() if v})
     model = _setup_model(config)
     peft_config = None if config.adapter_name_or_path else _lora_config(config, model)

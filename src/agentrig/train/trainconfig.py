@@ -75,6 +75,10 @@ class TrainConfig:
         "SFT: loss weight of each assistant turn's first supervised token, where the model chooses between calling "
         "a tool, a recovery sentence and answering, the sum still divided by the supervised count (keytokens.py); "
         "1 = the plain loss"))
+    figure_weight: float = field(default=1.0, metadata=_help(
+        "SFT: loss weight of the supervised tokens that hold a digit (the figures arguments and answers copy from the "
+        "request and the results: months, ids, totals, rates), the sum still divided by the supervised count "
+        "(keytokens.py); 1 = the plain loss"))
     per_device_train_batch_size: int = field(default=2, metadata=_help(
         "rows per device per micro-batch; with packing a row holds several samples"))
     gradient_accumulation_steps: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
@@ -396,7 +400,7 @@ def _validate(config: TrainConfig) -> None:
         raise ConfigError(f"pref_ftx must be >= 0 (0 = plain DPO), got {config.pref_ftx}")
     if config.neftune_noise_alpha is not None and config.neftune_noise_alpha <= 0:
         raise ConfigError(f"neftune_noise_alpha must be positive (or unset for no noise), got {config.neftune_noise_alpha}")
-    for key in ("tool_name_weight", "decision_weight"):  # keytokens.py's loss weights
+    for key in ("tool_name_weight", "decision_weight", "figure_weight"):  # keytokens.py's loss weights
         value = getattr(config, key)
         if value <= 0:
             raise ConfigError(f"{key} must be positive (1 = the plain loss), got {value}")
