@@ -130,31 +130,6 @@ def test_long_task_notes_finished_subgoals(env):
     assert len(ep.memory_events) == 2
 
 
-def test_rates_pair_with_the_regions_and_a_failed_copy_takes_its_twins_answer(env):
-    """Three regions, two in one currency: one exchange_rate call per region (the rates list pairs with the calls by
-    position); a copy that fails while its twin answered is not retried, and no sentence says it will be."""
-    from agentrig.envs.datadesk.db import REGIONS
-
-    region_currency = {region: currency for region, (currency, _) in REGIONS.items()}
-    task = next(t for t in env.tasks("train", 400, seed=4) if t.family == "long_task"
-                and len({region_currency[r] for r in t.metadata["params"]["regions"]}) == 2)
-    currencies = [region_currency[r] for r in task.metadata["params"]["regions"]]
-    ep, res, _ = _run(env, task)
-    assert res.success, res.reasons
-    (rate_step,) = [s for s in ep.steps if s.calls and s.calls[0].name == "exchange_rate"]
-    assert [c.arguments["from_currency"] for c in rate_step.calls] == currencies
-    rates = [json.loads(r.content)["rate"] for r in rate_step.results]
-    note = next(c.arguments["summary"] for s in ep.steps for c in s.calls if "Rates to USD" in str(c.arguments))
-    assert note == "Rates to USD: " + ", ".join(f"{c} {r}" for c, r in zip(currencies, rates))
-    # fault the second copy of the shared currency: its twin's answer stands, nothing is sent again
-    dup = max(i for i, c in enumerate(currencies) if currencies.count(c) == 2)
-    n_before = sum(c.name != "note" for s in ep.steps[:ep.steps.index(rate_step)] for c in s.calls)  # note never reaches the hook
-    ep2, res2, _ = _run(env, task, hook=_script([None] * (n_before + dup) + ["timeout"]))
-    assert res2.success and ep2.faults == ["timeout"], res2.reasons
-    assert sum(c.name == "exchange_rate" for s in ep2.steps for c in s.calls) == 3
-    assert not any("trying once more" in s.text for s in ep2.steps), [s.text for s in ep2.steps]
-
-
 def test_detour_is_rejected_weighted_zero_and_corrected(env):
     task = _task(env, "single_lookup", "sales")
     ep, res, _ = _run(env, task, teacher=ExpertTeacher(detour_rate=1.0))
