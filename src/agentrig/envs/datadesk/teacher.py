@@ -254,14 +254,12 @@ class EpisodeSolver:
         return ToolCall(id="", name=name, arguments=canonical_arguments(renamed, self.schemas.get(name)))
 
     # -- the recovering fetch ---------------------------------------------------------------------
-    def fetch(self, *reqs: tuple[str, dict[str, Any]], merge: bool = True) -> Generator[Action, Obs, list[Any]]:
+    def fetch(self, *reqs: tuple[str, dict[str, Any]]) -> Generator[Action, Obs, list[Any]]:
         """Run the calls (in parallel), retrying and falling back; return values or `Failure`s in order.
 
-        Identical requests are made once (the harness stops an episode on repeated identical calls), unless
-        `merge` is False: then the i-th call answers the i-th request, so a list written from the results
-        (one exchange rate per region) pairs with the calls by position.
+        Identical requests are made once (the harness stops an episode on repeated identical calls).
         """
-        keys = [json.dumps([t, a] if merge else [t, a, i], sort_keys=True) for i, (t, a) in enumerate(reqs)]
+        keys = [json.dumps([t, a], sort_keys=True) for t, a in reqs]
         unique = dict.fromkeys(keys)
         state = [_Req(*reqs[keys.index(k)]) for k in unique]
         text = ""
@@ -275,13 +273,8 @@ class EpisodeSolver:
             yield mixup[0]  # its observation is ignored (weight 0): the sentence below holds whatever came back
             text = mixup[1]
         self.started = True
-        same = [json.dumps([r.tool, r.args], sort_keys=True) for r in state]  # copies of one request share it
-        first_round = True
         while True:
-            # a retry sends one copy of a request (copies are done together, below); the others take its answer
-            leaders = {s: i for i, s in reversed(list(enumerate(same)))}
-            pending = [r for i, r in enumerate(state) if not r.done and (first_round or leaders[same[i]] == i)]
-            first_round = False
+            pending = [r for r in state if not r.done]
             if not pending:
                 if self._repeat_now(last):
                     yield self._repeat(last)  # its observation is ignored (weight 0): the first result stands
@@ -299,13 +292,6 @@ class EpisodeSolver:
             notes: list[str] = []
             for r, content in zip(pending, obs):
                 notes.append(self._observe(r, content))
-            sent = [id(r) for r in pending]
-            for i, r in enumerate(state):  # a copy that failed while another copy answered takes that answer
-                twin = next((x for j, x in enumerate(state) if x.done and same[j] == same[i]), None)
-                if not r.done and twin is not None:
-                    r.value, r.done = twin.value, True
-                    if id(r) in sent:
-                        notes[sent.index(id(r))] = ""  # no "trying once more": nothing is retried
             text = " ".join(n for n in notes if n)
 
     def _bad_sql(self, pending: list[_Req]) -> tuple[str, str] | None:
@@ -553,8 +539,7 @@ def solve_currency_aggregation(ep: EpisodeSolver) -> Solver:
         yield give_up("the regional sales totals", f)
         return
     rates = yield from ep.fetch(*[("exchange_rate", {"from_currency": s["currency"], "to_currency": p["currency"],
-                                                     "month": p["month"]}) for s in sales],
-                                  merge=False)
+                                                     "month": p["month"]}) for s in sales])
     if (f := _first_failure(rates)) is not None:
         yield give_up("the exchange rates", f)
         return
@@ -651,8 +636,7 @@ def solve_long_task(ep: EpisodeSolver) -> Solver:
         return
     yield from ep.note(f"{p['month']} totals: " + ", ".join(f"{s['region']} {s['total']} {s['currency']}" for s in sales))
     rates = yield from ep.fetch(*[("exchange_rate", {"from_currency": s["currency"], "to_currency": "USD",
-                                                     "month": p["month"]}) for s in sales],
-                                  merge=False)
+                                                     "month": p["month"]}) for s in sales])
     if (f := _first_failure(rates)) is not None:
         yield give_up("the exchange rates to USD", f)
         return
