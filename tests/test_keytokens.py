@@ -200,7 +200,7 @@ def test_the_first_steps_loss_is_the_weighted_sum_over_the_supervised_count_and_
     assert losses[1.0, False, 1.0, 9.0] > losses[1.0, False, 1.0, 1.0] * 1.05
 
 
-def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tiny_model_dir):
+def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tiny_model_dir, smol_tokenizer):
     from agentrig.train.train import run_train
     from agentrig.train.trainconfig import config_from_dict
 
@@ -217,6 +217,9 @@ def test_tool_name_weight_is_refused_where_it_cannot_mean_anything(tmp_path, tin
         config_from_dict({"dataset": "d", "stage": "dpo", "adapter_name_or_path": "a", "decision_weight": 2})
     with pytest.raises(ConfigError, match="figure_weight must be positive"):
         config_from_dict({"dataset": "d", "figure_weight": 0})
-    digitless = [{"sample_id": "d", "input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4]}]
-    piece = {1: "a", 2: "b", 3: "c", 4: "d"}.get
-    assert figure_positions(digitless[0]["input_ids"], digitless[0]["labels"], piece) == []
+    prompt = smol_tokenizer("Say hello.", add_special_tokens=False)["input_ids"]
+    reply = smol_tokenizer("Hello there, nice to meet you.", add_special_tokens=False)["input_ids"]
+    digitless = write_jsonl(tmp_path / "digitless.jsonl", [
+        {"sample_id": f"d{i}", "input_ids": prompt + reply, "labels": [-100] * len(prompt) + reply} for i in range(4)])
+    with pytest.raises(DataError, match="no supervised token holds a digit"):
+        run_train(tiny_config(tiny_model_dir, digitless, tmp_path / "out2", figure_weight=3.0))
