@@ -121,26 +121,27 @@ def add_label_weights(rows: list[dict[str, list[Any]]], tokenizer: Any, weight: 
     `figure_weight` at the other tokens that hold a digit.
 
     Returns how many tokens each weight was put on (`key_tokens`, `decision_tokens`, `figure_tokens`; a weight of 1
-    puts none; a token a later weight overwrites counts under that one). The row's first label of every sample is
-    already -100 (`packing._row`), so no run crosses two samples.
+    puts none). The row's first label of every sample is already -100 (`packing._row`), so no run crosses two samples.
     """
     piece = piece_function(tokenizer)
     counts = {"key_tokens": 0, "decision_tokens": 0, "figure_tokens": 0}
     for row in rows:
         weights = [1.0] * len(row["input_ids"])
-        figures = set(figure_positions(row["input_ids"], row["labels"], piece)) if figure_weight != 1.0 else set()
-        for i in figures:
-            weights[i] = figure_weight
+        taken: set[int] = set()
         if weight != 1.0:
             for i in tool_name_positions(row["input_ids"], row["labels"], piece):
                 weights[i] = weight
                 counts["key_tokens"] += 1
-                figures.discard(i)  # a digit in a tool's name (`v2_lookup`) is the tool choice
+                taken.add(i)
         if decision_weight != 1.0:
             for i in decision_positions(row["labels"]):
                 weights[i] = decision_weight  # a turn opens with text or `<`, never inside a call's name
                 counts["decision_tokens"] += 1
-                figures.discard(i)
-        counts["figure_tokens"] += len(figures)
+                taken.add(i)
+        if figure_weight != 1.0:
+            for i in figure_positions(row["input_ids"], row["labels"], piece):
+                if i not in taken:  # a digit in a tool's name (`v2_lookup`) is the tool choice
+                    weights[i] = figure_weight
+                    counts["figure_tokens"] += 1
         row["label_weights"] = weights
     return counts
