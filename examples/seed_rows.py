@@ -3,7 +3,7 @@
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
     [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--decision-weight W] [--sql-detours SHARE]
-    [--detour-sentence] [--plan-first] [--figure-weight W]
+    [--detour-sentence] [--plan-first] [--figure-weight W] [--sequential] [--max-steps N]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -22,7 +22,9 @@ peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample
 `--tool-name-weight` sets SFT's `tool_name_weight` (the loss weight of the tokens that name a call's tool),
 `--decision-weight` its `decision_weight` (the loss weight of each assistant turn's first token: call or answer),
 `--figure-weight` its `figure_weight` (the loss weight of the tokens that hold a digit);
-`--plan-first` has the teacher open each episode's first calls with a one-line plan (`collect --plan-first`).
+`--plan-first` has the teacher open each episode's first calls with a one-line plan (`collect --plan-first`);
+`--sequential` has it send one call a turn (`collect --sequential`), and `--max-steps` sets the harness's step limit
+at collection and evaluation (rows 38 and 38s1 use 16: sequential long tasks take up to 16 steps).
 `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
@@ -57,6 +59,11 @@ def main() -> None:
     ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 5; 1 is the plain loss)")
     ap.add_argument("--decision-weight", type=float, default=None, help="SFT decision_weight (default: the profile's; 1 is the plain loss)")
     ap.add_argument("--figure-weight", type=float, default=None, help="SFT figure_weight (default: the profile's; 1 is the plain loss)")
+    ap.add_argument("--sequential", action="store_true", help="the teacher sends one call a turn (collect --sequential)")
+    ap.add_argument("--retry-round", action="store_true", help="after a turn of several calls with a failure, the "
+                    "teacher sends the whole turn again (collect --retry-round)")
+    ap.add_argument("--max-steps", type=int, default=None, help="harness step limit at collection and evaluation "
+                    "(default: the profile's, 12)")
     ap.add_argument("--adapter", default=None, help="evaluate this trained adapter only (no collection, no training)")
     a = ap.parse_args()
     from agentrig import run
@@ -77,7 +84,8 @@ def main() -> None:
                    borrow_detours=prof.borrow_detours if a.borrow_detours is None else a.borrow_detours,
                    sql_detours=prof.sql_detours if a.sql_detours is None else a.sql_detours,
                    quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence,
-                   plan_first=a.plan_first or prof.plan_first)
+                   plan_first=a.plan_first or prof.plan_first,
+                   sequential_calls=a.sequential or prof.sequential_calls, retry_round=a.retry_round or prof.retry_round, max_steps=a.max_steps or prof.max_steps)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
         ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)
@@ -93,7 +101,8 @@ def main() -> None:
                "borrow_detours": prof.borrow_detours, "sql_detours": prof.sql_detours,
                "quiet_detours": prof.quiet_detours, "plan_first": prof.plan_first, "prompt_no_grad": prof.prompt_no_grad,
                "tool_name_weight": prof.tool_name_weight, "decision_weight": prof.decision_weight,
-               "figure_weight": prof.figure_weight,
+               "figure_weight": prof.figure_weight, "sequential_calls": prof.sequential_calls,
+               "max_steps": prof.max_steps, "retry_round": prof.retry_round,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

@@ -184,6 +184,46 @@ def test_plan_first_opens_the_first_calls_with_the_tasks_plan(env):
     assert {"arithmetic", "long_task", "comparison", "report", "single_lookup"} <= seen, seen
 
 
+def test_sequential_sends_the_same_calls_one_a_turn(env):
+    """`sequential`: every turn carries at most one call; the episode makes the same calls in the same order as the
+    plain expert's parallel turns, and gives the same answer. Under a fault the retry is the very next turn and
+    resends the call that failed, not another one of its round."""
+    several = 0
+    for task, _, plain, seq in _without_and_with(env, env.tasks("train", 60, seed=4), "sequential"):
+        assert all(len(s.calls) <= 1 for s in seq.steps), task.id
+        assert ([(c.name, c.arguments) for s in plain.steps for c in s.calls]
+                == [(c.name, c.arguments) for s in seq.steps for c in s.calls]), task.id
+        assert plain.final_answer == seq.final_answer, task.id
+        several += any(len(s.calls) > 1 for s in plain.steps)
+    assert several >= 10, several
+    task = _task(env, "long_task", "three_regions_usd")
+    ep, res, _ = _run(env, task, hook=_script([None, "timeout"]), teacher=ExpertTeacher(sequential=True))
+    assert res.success, res.reasons
+    first, second, retry = ep.steps[0].calls[0], ep.steps[1].calls[0], ep.steps[2].calls[0]
+    assert first.arguments != second.arguments and not ep.steps[1].results[0].ok
+    assert (retry.name, retry.arguments) == (second.name, second.arguments)
+    assert ep.steps[2].text == f"{second.name} failed (it timed out); trying once more."
+
+
+def test_retry_round_sends_a_turn_with_a_failure_again_whole(env):
+    """`retry_round`: after a turn of several calls in which one failed, the next turn is that whole turn again, in
+    its order (the failed call retried, the others as they were), so the results come back together; the episode
+    succeeds. Without faults it changes nothing, and a turn of one call is retried alone as before."""
+    for task, _, plain, rounds in _without_and_with(env, env.tasks("train", 40, seed=4), "retry_round"):
+        assert [s.raw_output for s in plain.steps] == [s.raw_output for s in rounds.steps], task.id
+    task = _task(env, "comparison", "months")
+    ep, res, _ = _run(env, task, hook=_script(["timeout"]), teacher=ExpertTeacher(retry_round=True))
+    assert res.success, res.reasons
+    first, again = ep.steps[0], ep.steps[1]
+    assert len(first.calls) == 2 and not first.results[0].ok and first.results[1].ok
+    assert [(c.name, c.arguments) for c in again.calls] == [(c.name, c.arguments) for c in first.calls]
+    assert all(r.ok for r in again.results) and again.text == f"{first.calls[0].name} failed (it timed out); trying once more."
+    assert ep.steps[2].is_final
+    task = _task(env, "single_lookup")
+    ep, res, _ = _run(env, task, hook=_script(["timeout"]), teacher=ExpertTeacher(retry_round=True))
+    assert res.success and len(ep.steps[1].calls) == 1, res.reasons
+
+
 def test_renamed_tools_are_used_consistently(env):
     task = _task(env, "currency_aggregation")
     tools, state = env.setup(task)
@@ -391,6 +431,12 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="--plan-first: the expert of environment 'toolworld' writes no plans"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", plan_first=True))
     assert _expert(load_env("datadesk"), CollectConfig(plan_first=True)).plan_first is True
+    with pytest.raises(ConfigError, match="--sequential: the expert of environment 'toolworld' has no one-call"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", sequential=True))
+    assert _expert(load_env("datadesk"), CollectConfig(sequential=True)).sequential is True
+    with pytest.raises(ConfigError, match="--retry-round: the expert of environment 'toolworld' has no whole-turn"):
+        _expert(load_env("toolworld"), CollectConfig(env="toolworld", retry_round=True))
+    assert _expert(load_env("datadesk"), CollectConfig(retry_round=True)).retry_round is True
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

@@ -93,6 +93,11 @@ class Profile:
     quiet_detours: bool = False
     # the expert's first calls come behind a one-line plan of the task's tools (the expert's plan_first)
     plan_first: bool = False
+    # the expert sends one call a turn, each result right after its call (the expert's sequential)
+    sequential_calls: bool = False
+    # after a turn of several calls with a failure, the expert sends the whole turn again (the expert's retry_round)
+    retry_round: bool = False
+    max_steps: int = 12  # HarnessConfig.max_steps at collection and evaluation (the system prompt states it)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # dev tasks per curve point
     dpo: bool = False
@@ -272,7 +277,7 @@ def _harness(prof: Profile) -> Any:
     """The harness rules a profile collects and evaluates with."""
     from agentrig.harness import HarnessConfig
 
-    return HarnessConfig(tool_listing=prof.tool_listing, repeat_notice=prof.repeat_notice)
+    return HarnessConfig(tool_listing=prof.tool_listing, repeat_notice=prof.repeat_notice, max_steps=prof.max_steps)
 
 
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
@@ -291,6 +296,8 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     sqls = teacher == "expert" and expert_takes(env, "sql_rate")
     quiets = teacher == "expert" and expert_takes(env, "quiet_detours")
     plans = teacher == "expert" and expert_takes(env, "plan_first")
+    sequentials = teacher == "expert" and expert_takes(env, "sequential")
+    rounds = teacher == "expert" and expert_takes(env, "retry_round")
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
@@ -302,6 +309,8 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          sql_detours=prof.sql_detours if sqls else 0.0,
                          quiet_detours=prof.quiet_detours and quiets,
                          plan_first=prof.plan_first and plans,
+                         sequential=prof.sequential_calls and sequentials, max_steps=prof.max_steps,
+                         retry_round=prof.retry_round and rounds,
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)
@@ -487,7 +496,10 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
            if prof.decision_weight != 1.0 else "")
         + (f", digits weighted {prof.figure_weight:g}x (figure_weight)" if prof.figure_weight != 1.0 else "")
         + f"; detours {prof.detours}, "
-        f"tool listing {prof.tool_listing}",
+        f"tool listing {prof.tool_listing}"
+        + (", the teacher's calls one a turn (sequential)" if prof.sequential_calls else "")
+        + (", a turn with a failed call sent again whole (retry_round)" if prof.retry_round else "")
+        + (f", at most {prof.max_steps} steps an episode" if prof.max_steps != 12 else ""),
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "
         f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy"
         f"{' in bf16 autocast (a CPU with AMX)' if stages['eval'].get('bf16') else ''}, injected tool-fault rate {prof.eval_faults}",

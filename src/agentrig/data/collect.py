@@ -112,6 +112,11 @@ class CollectConfig:
                               "with no sentence before it (datadesk's expert)")
     plan_first: bool = opt(False, "the first step's calls come behind a one-line plan of the task's tools in order "
                            "(\"Plan: sales_total x2, calculator (the percent change), answer.\"; datadesk's expert)")
+    sequential: bool = opt(False, "one call a turn: the expert sends the calls a step needs one after another, each "
+                           "result right after its call, instead of together in one turn (datadesk's expert)")
+    retry_round: bool = opt(False, "after a turn of several calls in which some failed, the expert sends that whole "
+                            "turn again (the failed calls retried or switched, the rest as they were), so its "
+                            "results come back together and in order (datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
@@ -140,7 +145,7 @@ class CollectConfig:
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
         for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "plan_first",
-                  "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
+                  "sequential", "retry_round", "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
             if not d[k]:
                 d.pop(k)
         return d
@@ -242,6 +247,16 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
             raise ConfigError(f"--plan-first: the expert of environment {env.name!r} writes no plans (its expert() "
                               "takes no plan_first); drop --plan-first")
         extra["plan_first"] = True
+    if cfg.sequential:
+        if not expert_takes(env, "sequential"):
+            raise ConfigError(f"--sequential: the expert of environment {env.name!r} has no one-call-a-turn mode (its "
+                              "expert() takes no sequential); drop --sequential")
+        extra["sequential"] = True
+    if cfg.retry_round:
+        if not expert_takes(env, "retry_round"):
+            raise ConfigError(f"--retry-round: the expert of environment {env.name!r} has no whole-turn retries (its "
+                              "expert() takes no retry_round); drop --retry-round")
+        extra["retry_round"] = True
     expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")

@@ -24,7 +24,9 @@ and makes the right call. SQL detours (`sql_rate`): the episode's first `run_sql
 the next, supervised step names the column the refusal named and sends the right query. Long tasks call `note`
 after each finished sub-goal. Plans (`plan_first`): the first step's calls come behind a one-line plan of the
 happy path ("Plan: sales_total x2, calculator (the percent change), answer."), so that every later step has the
-procedure in its context. Not handled: environments other than datadesk (their `expert()` supplies their own
+procedure in its context. One call a turn (`sequential`): the calls a step needs go out one after another instead of
+together in one turn, so each result comes right after its call and a retry right after its error (the same calls
+in the same order; docs/training.md rows 38 and 38s1). Not handled: environments other than datadesk (their `expert()` supplies their own
 policy).
 """
 
@@ -180,6 +182,11 @@ class _Req:
     last_reason: str = ""
 
 
+def _answered(r: _Req) -> bool:
+    """Whether a finished request got a value (not a `Failure`, not "No result")."""
+    return r.done and not isinstance(r.value, Failure) and r.value is not NO_RESULT
+
+
 Obs = list[str]
 Solver = Generator[Action, Obs, None]
 
@@ -211,7 +218,7 @@ class EpisodeSolver:
 
     def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0,
                  mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
-                 quiet_detours: bool = False):
+                 quiet_detours: bool = False, sequential: bool = False, retry_round: bool = False):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -222,6 +229,8 @@ class EpisodeSolver:
         self.schemas = {s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools}
         self.detour = self.rng.random() < detour_rate
         self.quiet_detours = quiet_detours
+        self.sequential = sequential
+        self.retry_round = retry_round
         self.gen: Solver = SOLVERS[task.family](self)
         self.started = False
         # a separate RNG, so that episodes without a repeat detour are the same as before the option existed
@@ -264,6 +273,7 @@ class EpisodeSolver:
         state = [_Req(*reqs[keys.index(k)]) for k in unique]
         text = ""
         last: tuple[list[_Req], list[tuple[str, dict[str, Any]]]] | None = None
+        resent = False  # whether the last round was a whole round sent again (`retry_round`)
         if self.detour and not self.started:
             self.started = True
             yield self._detour(state[0])
@@ -286,11 +296,24 @@ class EpisodeSolver:
                 refused = bool(seen) and f"no such column: {bad[1]}" in seen[0]
                 text = (f"{self.name('run_sql')} refused that query (no such column: {bad[1]}); here is the "
                         "corrected one." if refused else "")
-            calls = [self._wire(r) for r in pending]
-            last = (pending, calls)
+            if self.sequential:
+                pending = pending[:1]  # one call a turn: each result right after its call, a retry right after its error
+            round_ = pending
+            again = [r for r in last[0] if not r.done or _answered(r)] if last is not None else []
+            if self.retry_round and not resent and len(again) > 1 and any(r in again for r in pending):
+                # the whole previous round again, in its order: the calls that failed retried (or switched), the
+                # ones that answered sent as they were, so the round's results come back together and in order
+                round_, sent = again, dict(zip(map(id, last[0]), last[1]))
+                calls = [sent[id(r)] if r.done else self._wire(r) for r in round_]
+                resent = True
+            else:
+                calls = [self._wire(r) for r in pending]
+                resent = False
+            last = (round_, calls)
             obs = yield Action(text=text, calls=calls)
             notes: list[str] = []
-            for r, content in zip(pending, obs):
+            for r, content in zip(round_, obs):
+                r.done = False if r.done and classify(content) != "ok" else r.done  # a copy that fails: retried
                 notes.append(self._observe(r, content))
             text = " ".join(n for n in notes if n)
 
@@ -775,8 +798,11 @@ class ExpertTeacher:
 
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
                  repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
-                 quiet_detours: bool = False, plan_first: bool = False):
+                 quiet_detours: bool = False, plan_first: bool = False, sequential: bool = False,
+                 retry_round: bool = False):
         self.detour_rate = detour_rate
+        self.sequential = sequential
+        self.retry_round = retry_round
         self.quiet_detours = quiet_detours
         self.plan_first = plan_first
         self.sql_rate = sql_rate
@@ -793,7 +819,8 @@ class ExpertTeacher:
         key = request.episode_id or request.task.id
         if request.step == 0 or key not in self._live:
             ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate,
-                               self.borrow_rate, self.sql_rate, self.quiet_detours)
+                               self.borrow_rate, self.sql_rate, self.quiet_detours, self.sequential,
+                               self.retry_round)
             action = next(ep.gen)
             if self.plan_first and action.calls and (plan := plan_line(ep)):
                 # the plan opens the episode's first turn, detour or not; the solver's own text follows it
