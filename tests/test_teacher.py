@@ -425,18 +425,12 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
     with pytest.raises(ConfigError, match="has no SQL detours"):
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", sql_detours=0.5))
     assert _expert(load_env("datadesk"), CollectConfig(sql_detours=0.5)).sql_rate == 0.5
-    with pytest.raises(ConfigError, match="--quiet-detours: the expert of environment 'toolworld' writes no detour"):
-        _expert(load_env("toolworld"), CollectConfig(env="toolworld", quiet_detours=True))
-    assert _expert(load_env("datadesk"), CollectConfig(quiet_detours=True)).quiet_detours is True
-    with pytest.raises(ConfigError, match="--plan-first: the expert of environment 'toolworld' writes no plans"):
-        _expert(load_env("toolworld"), CollectConfig(env="toolworld", plan_first=True))
-    assert _expert(load_env("datadesk"), CollectConfig(plan_first=True)).plan_first is True
-    with pytest.raises(ConfigError, match="--sequential: the expert of environment 'toolworld' has no one-call"):
-        _expert(load_env("toolworld"), CollectConfig(env="toolworld", sequential=True))
-    assert _expert(load_env("datadesk"), CollectConfig(sequential=True)).sequential is True
-    with pytest.raises(ConfigError, match="--retry-round: the expert of environment 'toolworld' has no whole-turn"):
-        _expert(load_env("toolworld"), CollectConfig(env="toolworld", retry_round=True))
-    assert _expert(load_env("datadesk"), CollectConfig(retry_round=True)).retry_round is True
+    for param, lacks in (("quiet_detours", "writes no detour"), ("plan_first", "writes no plans"),
+                         ("sequential", "has no one-call"), ("retry_round", "has no whole-turn")):
+        flag = "--" + param.replace("_", "-")
+        with pytest.raises(ConfigError, match=f"{flag}: the expert of environment 'toolworld' {lacks}"):
+            _expert(load_env("toolworld"), CollectConfig(env="toolworld", **{param: True}))
+        assert getattr(_expert(load_env("datadesk"), CollectConfig(**{param: True})), param) is True
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

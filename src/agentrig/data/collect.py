@@ -237,26 +237,16 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
             raise ConfigError(f"{flag}: the expert of environment {env.name!r} has no {kind} detours (its expert() "
                               f"takes no {param}); leave {flag} at 0")
         extra[param] = rate
-    if cfg.quiet_detours:
-        if not expert_takes(env, "quiet_detours"):
-            raise ConfigError(f"--quiet-detours: the expert of environment {env.name!r} writes no detour sentence to "
-                              "leave out (its expert() takes no quiet_detours); drop --quiet-detours")
-        extra["quiet_detours"] = True
-    if cfg.plan_first:
-        if not expert_takes(env, "plan_first"):
-            raise ConfigError(f"--plan-first: the expert of environment {env.name!r} writes no plans (its expert() "
-                              "takes no plan_first); drop --plan-first")
-        extra["plan_first"] = True
-    if cfg.sequential:
-        if not expert_takes(env, "sequential"):
-            raise ConfigError(f"--sequential: the expert of environment {env.name!r} has no one-call-a-turn mode (its "
-                              "expert() takes no sequential); drop --sequential")
-        extra["sequential"] = True
-    if cfg.retry_round:
-        if not expert_takes(env, "retry_round"):
-            raise ConfigError(f"--retry-round: the expert of environment {env.name!r} has no whole-turn retries (its "
-                              "expert() takes no retry_round); drop --retry-round")
-        extra["retry_round"] = True
+    for flag, param, lacks in (("--quiet-detours", "quiet_detours", "writes no detour sentence to leave out"),
+                               ("--plan-first", "plan_first", "writes no plans"),
+                               ("--sequential", "sequential", "has no one-call-a-turn mode"),
+                               ("--retry-round", "retry_round", "has no whole-turn retries")):
+        if not getattr(cfg, param):
+            continue
+        if not expert_takes(env, param):
+            raise ConfigError(f"{flag}: the expert of environment {env.name!r} {lacks} (its expert() takes no "
+                              f"{param}); drop {flag}")
+        extra[param] = True
     expert = env.expert(detour_rate=cfg.detours, seed=cfg.seed, **extra)
     if expert is None:
         raise ConfigError(f"environment {env.name!r} has no expert teacher; use --teacher openai or model")
