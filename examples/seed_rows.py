@@ -3,7 +3,7 @@
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
     [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--decision-weight W] [--sql-detours SHARE]
-    [--detour-sentence] [--plan-first] [--figure-weight W] [--sequential] [--max-steps N]
+    [--detour-sentence] [--plan-first] [--figure-weight W] [--sequential] [--retry-round] [--max-steps N]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -23,7 +23,8 @@ peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample
 `--decision-weight` its `decision_weight` (the loss weight of each assistant turn's first token: call or answer),
 `--figure-weight` its `figure_weight` (the loss weight of the tokens that hold a digit);
 `--plan-first` has the teacher open each episode's first calls with a one-line plan (`collect --plan-first`);
-`--sequential` has it send one call a turn (`collect --sequential`), and `--max-steps` sets the harness's step limit
+`--sequential` has it send one call a turn (`collect --sequential`), `--retry-round` send a turn with a failed
+call again whole (`collect --retry-round`, rows 39 and 39s1), and `--max-steps` sets the harness's step limit
 at collection and evaluation (rows 38 and 38s1 use 16: sequential long tasks take up to 16 steps).
 `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
@@ -59,7 +60,8 @@ def main() -> None:
     ap.add_argument("--tool-name-weight", type=float, default=None, help="SFT tool_name_weight (default: the profile's, 5; 1 is the plain loss)")
     ap.add_argument("--decision-weight", type=float, default=None, help="SFT decision_weight (default: the profile's; 1 is the plain loss)")
     ap.add_argument("--figure-weight", type=float, default=None, help="SFT figure_weight (default: the profile's; 1 is the plain loss)")
-    ap.add_argument("--sequential", action="store_true", help="the teacher sends one call a turn (collect --sequential)")
+    ap.add_argument("--sequential", action="store_true", help="the teacher sends one call a turn "
+                    "(collect --sequential)")
     ap.add_argument("--retry-round", action="store_true", help="after a turn of several calls with a failure, the "
                     "teacher sends the whole turn again (collect --retry-round)")
     ap.add_argument("--max-steps", type=int, default=None, help="harness step limit at collection and evaluation "
@@ -85,7 +87,8 @@ def main() -> None:
                    sql_detours=prof.sql_detours if a.sql_detours is None else a.sql_detours,
                    quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence,
                    plan_first=a.plan_first or prof.plan_first,
-                   sequential_calls=a.sequential or prof.sequential_calls, retry_round=a.retry_round or prof.retry_round, max_steps=a.max_steps or prof.max_steps)
+                   sequential_calls=a.sequential or prof.sequential_calls, retry_round=a.retry_round or prof.retry_round,
+                   max_steps=a.max_steps or prof.max_steps)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
         ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)

@@ -217,7 +217,8 @@ def test_retry_round_sends_a_turn_with_a_failure_again_whole(env):
     first, again = ep.steps[0], ep.steps[1]
     assert len(first.calls) == 2 and not first.results[0].ok and first.results[1].ok
     assert [(c.name, c.arguments) for c in again.calls] == [(c.name, c.arguments) for c in first.calls]
-    assert all(r.ok for r in again.results) and again.text == f"{first.calls[0].name} failed (it timed out); trying once more."
+    assert all(r.ok for r in again.results)
+    assert again.text == f"{first.calls[0].name} failed (it timed out); trying once more."
     assert ep.steps[2].is_final
     task = _task(env, "single_lookup")
     ep, res, _ = _run(env, task, hook=_script(["timeout"]), teacher=ExpertTeacher(retry_round=True))

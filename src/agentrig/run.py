@@ -289,28 +289,24 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
     out = root / "collect" / f"{name}.jsonl"
     env = load_env(cfg.env, cfg.tasks)
     renames = teacher == "expert" and bool(env.tool_aliases)  # an env without aliases: none
-    # an expert without repeat, mix-up, borrowed-field or SQL detours (its expert() takes no such rate): none
-    repeats = teacher == "expert" and expert_takes(env, "repeat_rate")
-    mixups = teacher == "expert" and expert_takes(env, "mixup_rate")
-    borrows = teacher == "expert" and expert_takes(env, "borrow_rate")
-    sqls = teacher == "expert" and expert_takes(env, "sql_rate")
-    quiets = teacher == "expert" and expert_takes(env, "quiet_detours")
-    plans = teacher == "expert" and expert_takes(env, "plan_first")
-    sequentials = teacher == "expert" and expert_takes(env, "sequential")
-    rounds = teacher == "expert" and expert_takes(env, "retry_round")
+
+    def takes(param: str) -> bool:
+        """Whether this collection's teacher is an expert whose expert() takes `param` (else the option is off)."""
+        return teacher == "expert" and expert_takes(env, param)
+
     ccfg = CollectConfig(env=cfg.env, tasks=cfg.tasks, split=split, episodes=episodes or prof.train_episodes, teacher=teacher,
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing,
                          repeat_notice=prof.repeat_notice,
-                         repeat_detours=prof.repeat_detours if repeats else 0.0,
-                         mixup_detours=prof.mixup_detours if mixups else 0.0,
-                         borrow_detours=prof.borrow_detours if borrows else 0.0,
-                         sql_detours=prof.sql_detours if sqls else 0.0,
-                         quiet_detours=prof.quiet_detours and quiets,
-                         plan_first=prof.plan_first and plans,
-                         sequential=prof.sequential_calls and sequentials, max_steps=prof.max_steps,
-                         retry_round=prof.retry_round and rounds,
+                         repeat_detours=prof.repeat_detours if takes("repeat_rate") else 0.0,
+                         mixup_detours=prof.mixup_detours if takes("mixup_rate") else 0.0,
+                         borrow_detours=prof.borrow_detours if takes("borrow_rate") else 0.0,
+                         sql_detours=prof.sql_detours if takes("sql_rate") else 0.0,
+                         quiet_detours=prof.quiet_detours and takes("quiet_detours"),
+                         plan_first=prof.plan_first and takes("plan_first"),
+                         sequential=prof.sequential_calls and takes("sequential"), max_steps=prof.max_steps,
+                         retry_round=prof.retry_round and takes("retry_round"),
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)

@@ -144,8 +144,9 @@ class CollectConfig:
         d = asdict(self)
         for k in ("out", "workers", "episodes", "batch_size", "mcp_record"):
             d.pop(k)
+        # newer settings: at their defaults, an older file's identity
         for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "plan_first",
-                  "sequential", "retry_round", "repeat_notice", "family_weights"):  # newer settings: at their defaults, an older file's identity
+                  "sequential", "retry_round", "repeat_notice", "family_weights"):
             if not d[k]:
                 d.pop(k)
         return d

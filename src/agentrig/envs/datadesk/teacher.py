@@ -24,10 +24,12 @@ and makes the right call. SQL detours (`sql_rate`): the episode's first `run_sql
 the next, supervised step names the column the refusal named and sends the right query. Long tasks call `note`
 after each finished sub-goal. Plans (`plan_first`): the first step's calls come behind a one-line plan of the
 happy path ("Plan: sales_total x2, calculator (the percent change), answer."), so that every later step has the
-procedure in its context. One call a turn (`sequential`): the calls a step needs go out one after another instead of
-together in one turn, so each result comes right after its call and a retry right after its error (the same calls
-in the same order; docs/training.md rows 38 and 38s1). Not handled: environments other than datadesk (their `expert()` supplies their own
-policy).
+procedure in its context. One call a turn (`sequential`): the calls a step needs go out one after another instead
+of together in one turn, so each result comes right after its call and a retry right after its error (the same
+calls in the same order; docs/training.md rows 38 and 38s1). Whole-turn retries (`retry_round`): after a turn of
+several calls in which some failed, the next turn sends that whole turn again, the failed calls retried or switched
+and the others as they were, so the results come back together and in order (rows 39 and 39s1). Not handled:
+environments other than datadesk (their `expert()` supplies their own policy).
 """
 
 from __future__ import annotations
@@ -297,23 +299,23 @@ class EpisodeSolver:
                 text = (f"{self.name('run_sql')} refused that query (no such column: {bad[1]}); here is the "
                         "corrected one." if refused else "")
             if self.sequential:
-                pending = pending[:1]  # one call a turn: each result right after its call, a retry right after its error
-            round_ = pending
-            again = [r for r in last[0] if not r.done or _answered(r)] if last is not None else []
-            if self.retry_round and not resent and len(again) > 1 and any(r in again for r in pending):
+                pending = pending[:1]  # one call a turn: each result right after its call, a retry after its error
+            round_, calls = pending, []
+            if self.retry_round and not resent and last is not None:
                 # the whole previous round again, in its order: the calls that failed retried (or switched), the
                 # ones that answered sent as they were, so the round's results come back together and in order
-                round_, sent = again, dict(zip(map(id, last[0]), last[1]))
-                calls = [sent[id(r)] if r.done else self._wire(r) for r in round_]
-                resent = True
-            else:
-                calls = [self._wire(r) for r in pending]
-                resent = False
+                again = [(r, c) for r, c in zip(*last) if not r.done or _answered(r)]
+                if len(again) > 1 and any(not r.done for r, _ in again):
+                    round_ = [r for r, _ in again]
+                    calls = [c if r.done else self._wire(r) for r, c in again]
+            resent = bool(calls)
+            calls = calls or [self._wire(r) for r in pending]
             last = (round_, calls)
             obs = yield Action(text=text, calls=calls)
             notes: list[str] = []
             for r, content in zip(round_, obs):
-                r.done = False if r.done and classify(content) != "ok" else r.done  # a copy that fails: retried
+                if r.done and classify(content) != "ok":
+                    r.done = False  # a resent copy that fails is retried like any failed call
                 notes.append(self._observe(r, content))
             text = " ".join(n for n in notes if n)
 
