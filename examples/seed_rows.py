@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--train-seed", type=int, default=0, help="TrainConfig.seed (the main job uses the run's seed, 0)")
     ap.add_argument("--split", default=None, help="comma-separated eval splits (default: the profile's, test + unseen)")
     ap.add_argument("--episodes", type=int, default=None, help="teacher episodes (default: the profile's, 400)")
-    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the profile's, 200)")
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the profile's, 270; rows up to 39 trained 200)")
     ap.add_argument("--lora-layers", type=int, default=None, help="LoRA on the last N decoder layers (default: the profile's)")
     ap.add_argument("--neftune", type=float, default=None, help="NEFTune alpha, neftune_noise_alpha (default: the profile's, off)")
     ap.add_argument("--mixup-detours", type=float, default=None, help="share of mix-up detours (default: the profile's, 0)")
