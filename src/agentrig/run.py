@@ -116,8 +116,8 @@ class Profile:
 
 PROFILES = {
     # 270 SFT steps, measured against 200 at two training seeds (docs/training.md rows 40, 40s1: `test` 50 against 38
-    # of 80, `dev` 43 against 40); the base model's row on 10 tasks a split and a curve of two points pay for them
-    # within the budget (row 40m)
+    # of 80, `dev` 43 against 40); the base model's row on 10 tasks a split and a curve of two points pay for most of
+    # them: the whole job takes 30.5-31.5 min on a 2-core CPU with AMX (row 40m; `agentrig run --sft-steps 200`: 27)
     "default": Profile("default", train_episodes=400, faults=0.25, rename=0.2, max_seq_length=2048, sft_steps=270,
                        batch_size=1, eval_limit=40, eval_max_new_tokens=160, base_eval_limit=10, detours=0.25,
                        curve_points=2, torch_compile=True, tool_name_weight=5.0, quiet_detours=True),
