@@ -18,7 +18,7 @@ from typing import Any
 from agentrig.envs import CheckResult, Environment
 from agentrig.envs.base import has_figure
 from agentrig.harness import PolicyReply, PolicyRequest
-from agentrig.harness.protocol import get_protocol
+from agentrig.harness.protocol import get_protocol, result_text
 from agentrig.harness.tools import Tool, ToolSet, tool
 from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall
 
@@ -176,7 +176,7 @@ def _results(messages: list[dict[str, Any]], original: dict[str, str]) -> dict[s
         if m["role"] != "tool":
             continue
         try:
-            value = json.loads(m["content"])
+            value = json.loads(result_text(m))
         except ValueError:
             continue
         if isinstance(value, dict):

@@ -131,6 +131,38 @@ def test_repeat_after_success_gets_a_notice_when_asked():
     assert "identical call to 'add' 3 times" in ep.steps[-1].notices[-1]
 
 
+def test_echo_calls_opens_each_result_with_its_call():
+    """`echo_calls`: every tool message (a result, a tool error, a schema error) opens with the call it answers;
+    `note`'s does not; the recorded result stays the tool's own text, and `result_text` reads it back."""
+    from agentrig.harness.protocol import echo_call, result_text
+
+    script = [call("add", a="2", b=3) + "\n" + call("flaky", x=1), call("add", a=2, b=3) + "\n" + call("note", summary="2 + 3 is 5"),
+              "2 + 3 = 5."]
+    ep = run_episode(TASK, tools(), ScriptedPolicy(script), HarnessConfig(echo_calls=True))
+    results = [m for m in ep.messages_full if m["role"] == "tool"]
+    assert [m["content"] for m in results] == [
+        'add({"a": "2", "b": 3}) returned:\n' + feedback(
+            "schema_violation", tool="add", fields='- arguments.a: expected type integer, got "2"'),
+        'flaky({"x": 1}) returned:\nTool execution failed: RuntimeError: service down',
+        'add({"a": 2, "b": 3}) returned:\n5',
+        feedback("note_saved"),
+    ]
+    assert [r.content for s in ep.steps for r in s.results] == [result_text(m) for m in results]
+    assert ep.termination == "final_answer" and ep.metadata["harness"]["echo_calls"] is True
+    # off by default: the same script gives the bare results
+    plain = run_episode(TASK, tools(), ScriptedPolicy(script), HarnessConfig())
+    assert [m["content"] for m in plain.messages_full if m["role"] == "tool"] == [result_text(m) for m in results]
+    # long strings are shortened in the echo; a result whose first line only looks like an echo of another tool
+    # keeps it
+    from agentrig.harness.trajectory import ToolCall
+
+    line = echo_call(ToolCall("c", "run_sql", {"query": "SELECT " + "x, " * 40 + "y FROM t"}))
+    assert line.startswith('run_sql({"query": "SELECT x, ') and line.endswith('..."}) returned:') and len(line) < 100
+    other = {"role": "tool", "name": "add", "content": 'sub({"a": 1}) returned:\n0'}
+    assert result_text(other) == other["content"]
+    assert result_text({"role": "tool", "name": "add", "content": "5"}) == "5"
+
+
 def test_max_steps_token_budget_and_wall_clock():
     ep = run_episode(TASK, tools(), ScriptedPolicy([call("add", a=i, b=1) for i in range(20)]), HarnessConfig(max_steps=4))
     assert ep.termination == "max_steps" and len(ep.steps) == 4

@@ -74,3 +74,24 @@ def test_the_fault_hook_follows_renamed_tools():
     declared = {n for n, t in opened.tools.tools.items() if t.side_effects}  # @tool(side_effects=True), renamed
     assert declared and declared == {renamed.get(n, n) for n in ("add_to_cart", "checkout")} & set(opened.tools.tools)
     assert set(opened.hook.no_mutate) == declared  # ... and the hook knows the new names
+
+
+@pytest.mark.parametrize("name", ["datadesk", "toolworld", "my_env"])
+def test_every_expert_reads_results_through_the_call_echo(name):
+    """With `echo_calls` each result opens with its call; every environment's expert reads the result behind
+    that line, so it makes the same calls and gives the same answers, with faults, as without the echo."""
+    from agentrig.envs import load_env
+
+    env = load_env(str(Path(__file__).resolve().parents[1] / "examples" / "my_env.py") + ":make_env"
+                   if name == "my_env" else name)
+    tasks = env.tasks("train", 40, seed=2)
+    runs = []
+    for echo in (False, True):
+        runner = TaskRunner(env, HarnessConfig(echo_calls=echo), TaskRunner.env_faults(env, 0.3), seed=1)
+        runs.append(runner.run([runner.open(t, f"{t.id}/f", t.id) for t in tasks], env.expert(seed=0)))
+    plain, echoed = runs
+    assert [[s.raw_output for s in e.steps] for e in plain] == [[s.raw_output for s in e.steps] for e in echoed]
+    assert [e.success for e in plain] == [e.success for e in echoed] and sum(e.success for e in echoed) >= 30
+    assert sum(e.faults != [] for e in echoed) >= 5  # the experts met faults, and read them behind the echo
+    first = next(m for e in echoed for m in e.messages_full if m["role"] == "tool" and m["name"] != "note")
+    assert first["content"].split("\n", 1)[0].endswith(") returned:")

@@ -81,6 +81,9 @@ class Profile:
     family_weights: tuple[tuple[str, float], ...] = ()
     tool_listing: str = "compact"  # HarnessConfig.tool_listing at collection and evaluation
     repeat_notice: bool = False  # HarnessConfig.repeat_notice at collection and evaluation
+    # HarnessConfig.echo_calls at collection and evaluation (each result opens with its call); measured at seed 1 and
+    # rejected: `test` 20 against 27/40, more invalid calls (docs/training.md, row 41)
+    echo_calls: bool = False
     repeat_detours: float = 0.0  # share of teacher episodes with a repeat detour (the expert's repeat_rate)
     borrow_detours: float = 0.0  # share of detours that send a field borrowed from another tool (the expert's borrow_rate)
     mixup_detours: float = 0.0  # share of teacher episodes with a mix-up detour (the expert's mixup_rate)
@@ -291,7 +294,8 @@ def _harness(prof: Profile) -> Any:
     """The harness rules a profile collects and evaluates with."""
     from agentrig.harness import HarnessConfig
 
-    return HarnessConfig(tool_listing=prof.tool_listing, repeat_notice=prof.repeat_notice, max_steps=prof.max_steps)
+    return HarnessConfig(tool_listing=prof.tool_listing, repeat_notice=prof.repeat_notice, max_steps=prof.max_steps,
+                         echo_calls=prof.echo_calls)
 
 
 def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", teacher: str = "expert",
@@ -312,7 +316,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          faults=prof.faults, rename=prof.rename if renames else 0.0, seed=cfg.seed,
                          out=str(out), workers=cfg.workers if teacher == "expert" else 1,
                          detours=prof.detours if teacher == "expert" else 0.0, tool_listing=prof.tool_listing,
-                         repeat_notice=prof.repeat_notice,
+                         repeat_notice=prof.repeat_notice, echo_calls=prof.echo_calls,
                          repeat_detours=prof.repeat_detours if takes("repeat_rate") else 0.0,
                          mixup_detours=prof.mixup_detours if takes("mixup_rate") else 0.0,
                          borrow_detours=prof.borrow_detours if takes("borrow_rate") else 0.0,
@@ -509,7 +513,8 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"tool listing {prof.tool_listing}"
         + (", the teacher's calls one a turn (sequential)" if prof.sequential_calls else "")
         + (", a turn with a failed call sent again whole (retry_round)" if prof.retry_round else "")
-        + (f", at most {prof.max_steps} steps an episode" if prof.max_steps != 12 else ""),
+        + (f", at most {prof.max_steps} steps an episode" if prof.max_steps != 12 else "")
+        + (", each tool result opening with its call (echo_calls)" if prof.echo_calls else ""),
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "
         f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy"
         f"{' in bf16 autocast (a CPU with AMX)' if stages['eval'].get('bf16') else ''}, injected tool-fault rate {prof.eval_faults}",

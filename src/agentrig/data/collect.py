@@ -119,6 +119,8 @@ class CollectConfig:
                             "results come back together and in order (datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
+    echo_calls: bool = opt(False, "each tool result opens with the call it answers (HarnessConfig.echo_calls; keep it "
+                           "the same for training and evaluation)")
     balance: bool = opt(False, "flatten tool frequencies via family weights (needs the environment's families)")
     family_weights: dict[str, float] = opt(help="relative draw weight of task families (others 1.0), e.g. ranking=2,"
                                            "arithmetic=0.5 (needs the environment's families; not with --balance)",
@@ -146,7 +148,7 @@ class CollectConfig:
             d.pop(k)
         # newer settings: at their defaults, an older file's identity
         for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "plan_first",
-                  "sequential", "retry_round", "repeat_notice", "family_weights"):
+                  "sequential", "retry_round", "repeat_notice", "echo_calls", "family_weights"):
             if not d[k]:
                 d.pop(k)
         return d
@@ -189,7 +191,8 @@ def _setup_worker(cfg: CollectConfig) -> None:
         raise ConfigError(f"--rename needs other names for the tools, and environment {env.name!r} has none: "
                           "set its `tool_aliases` (and `param_aliases`), see docs/environments.md")
     faults = TaskRunner.env_faults(env, cfg.faults, cfg.fault_rates)
-    harness = HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing, repeat_notice=cfg.repeat_notice)
+    harness = HarnessConfig(max_steps=cfg.max_steps, tool_listing=cfg.tool_listing, repeat_notice=cfg.repeat_notice,
+                            echo_calls=cfg.echo_calls)
     _WORKER.clear()
     _WORKER.update(cfg=cfg, env=env, runner=TaskRunner(env, harness, faults, seed=cfg.seed),
                    augment=Augment(paraphrase=cfg.paraphrase, rename=cfg.rename, detour_rate=cfg.detours,

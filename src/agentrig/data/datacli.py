@@ -186,7 +186,8 @@ def _dagger(args: argparse.Namespace) -> int:
     meta = read_json(meta_path, "agentrig collect") if meta_path.exists() else {}
     env = load_env(args.env or meta.get("env", "datadesk"), meta.get("tasks"))
     harness = HarnessConfig(max_steps=args.max_steps or meta.get("max_steps", 12),
-                            tool_listing=args.tool_listing or meta.get("tool_listing", "compact"))
+                            tool_listing=args.tool_listing or meta.get("tool_listing", "compact"),
+                            repeat_notice=bool(meta.get("repeat_notice")), echo_calls=bool(meta.get("echo_calls")))
     rate = args.faults if args.faults is not None else meta.get("faults", 0.0)
     faults = TaskRunner.env_faults(env, rate, meta.get("fault_rates") or None) if rate or meta.get("fault_rates") else None
     summary = DaggerSummary()

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from agentrig.config import opt
 from agentrig.errors import AgentrigError
 from agentrig.harness.memory import compress_point, extractive_summary, with_memory
-from agentrig.harness.protocol import PROTOCOLS, TOOL_LISTINGS, canonical_arguments, feedback, get_protocol
+from agentrig.harness.protocol import PROTOCOLS, TOOL_LISTINGS, canonical_arguments, echo_call, feedback, get_protocol
 from agentrig.harness.policy import PolicyReply, PolicyRequest, Reply, generate_batch
 from agentrig.harness.tools import Tool, ToolSet
 from agentrig.harness.transcript import assistant_message
@@ -44,6 +44,8 @@ class HarnessConfig:
                                    "to answer (a retry that worked)")
     repeat_notice: bool = opt(False, "an identical call right after that call succeeded gets a notice under its result: "
                               "use the result, do not send the call again")
+    echo_calls: bool = opt(False, "each tool result opens with the call it answers (`tool({arguments}) returned:`), "
+                           "so a result or an error is read against its own call")
     switch_after_failures: int = opt(3, "the same tool failing this many times in a row: a notice to switch tools")
     tool_timeout_s: float = opt(10.0, "seconds a tool call may take before it times out")
     max_output_chars: int = opt(4000, "tool output characters shown to the model (the rest is cut, and says so)")
@@ -181,7 +183,9 @@ class EpisodeRunner:
         for call in parsed.calls:
             result, note = self._handle_call(step, call)
             step.results.append(result)
-            tool_messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.content})
+            content = echo_call(call) + "\n" + result.content if self.config.echo_calls and call.name != "note" \
+                else result.content
+            tool_messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content})
             if note is not None:
                 note_summary = note
             if self._track(call, result, notices):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrig.harness.protocol import feedback
+from agentrig.harness.protocol import feedback, result_text
 
 SUMMARY_RESULT_CHARS = 80
 SUMMARY_MAX_CHARS = 400
@@ -28,7 +28,7 @@ def with_memory(system_prompt: str, summaries: list[str]) -> str:
 
 def extractive_summary(messages: list[dict[str, Any]]) -> str:
     """One line from a finished stretch of conversation: each call with the start of its result."""
-    results = {m.get("tool_call_id"): str(m.get("content", "")) for m in messages if m.get("role") == "tool"}
+    results = {m.get("tool_call_id"): result_text(m) for m in messages if m.get("role") == "tool"}
     parts: list[str] = []
     for m in messages:
         if m.get("role") != "assistant":

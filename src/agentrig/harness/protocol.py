@@ -376,6 +376,34 @@ WIRE_FORMATS = ("harness", "hermes", "native")
 TOOL_RESPONSE_TEXT = "<tool_response>\n{content}\n</tool_response>"  # a result as the Hermes template wraps it
 
 
+ECHO_VALUE_CHARS = 60  # a longer string argument is shortened in the echo line (a query, a report's body)
+
+
+def echo_call(call: ToolCall) -> str:
+    """The line a result opens with under `HarnessConfig.echo_calls`: the call it answers, as the model sent it
+    (long strings shortened), so that of several same-shaped results, or of an error, the model reads which
+    call it belongs to."""
+    def short(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > ECHO_VALUE_CHARS:
+            return value[: ECHO_VALUE_CHARS - 3] + "..."
+        return value
+
+    arguments = json.dumps({k: short(v) for k, v in call.arguments.items()}, ensure_ascii=False)
+    return feedback("call_echo", tool=call.name, arguments=arguments)
+
+
+def result_text(message: dict[str, Any]) -> str:
+    """A tool message's result without its echo line (`echo_call`), for readers of results (experts, memory)."""
+    content = str(message.get("content") or "")
+    if not message.get("name"):
+        return content
+    head, sep, rest = content.partition("\n")
+    prefix, suffix = feedback("call_echo", tool=message.get("name", ""), arguments="\0").split("\0")
+    if sep and head.startswith(prefix) and head.endswith(suffix):
+        return rest
+    return content
+
+
 def native_system_prompt(prompt: str) -> str:
     """A Hermes system prompt without its tool list and call syntax, for a request whose `tools` field lists them.
 

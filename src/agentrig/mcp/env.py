@@ -39,6 +39,7 @@ from typing import Any
 from agentrig.envs.base import (CheckResult, Environment, check_answer, check_no_tool_and_impossible, figure_spec,
                                 settle)
 from agentrig.errors import ConfigError
+from agentrig.harness.protocol import result_text
 from agentrig.harness.tools import DEFAULT_TIMEOUT_S, ToolSet
 from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall
 from agentrig.mcp.client import MCPCallError, MCPClient, MCPServerDown, ServerSpec
@@ -322,7 +323,7 @@ def _reference_position(messages: list[dict[str, Any]]) -> tuple[int, int]:
         j = i + 1
         results = []
         while j < len(messages) and messages[j].get("role") == "tool":
-            results.append(str(messages[j].get("content") or ""))
+            results.append(result_text(messages[j]))
             j += 1
         failed = any(r.startswith(FAILED_PREFIXES) for r in results)
         if failed and retries < MAX_RETRIES:

@@ -36,7 +36,7 @@ from agentrig.envs.base import (CheckResult, Environment, check_answer, check_no
                                classify_observation, settle)
 from agentrig.harness import HarnessConfig, run_episode
 from agentrig.harness.policy import PolicyReply, PolicyRequest
-from agentrig.harness.protocol import get_protocol
+from agentrig.harness.protocol import get_protocol, result_text
 from agentrig.harness.tools import ToolSet
 from agentrig.harness.trajectory import Episode, TaskSpec, ToolCall
 from agentrig.ttt.explore import Exploration, Surface, _setup, at_path, leaves, ok_json, stated_format, user_form
@@ -536,9 +536,9 @@ class PracticeExpert:
                 continue
             if m.get("name") != plan[len(results)]["name"]:
                 continue
-            seen = classify_observation(m.get("content", ""))
+            seen = classify_observation(result_text(m))
             if seen == "ok":
-                results.append(json.loads(m["content"]))
+                results.append(json.loads(result_text(m)))
                 failures = 0
             elif seen == "empty" and request.task.metadata.get("missing"):
                 return PolicyReply(request.task.metadata["answer"])

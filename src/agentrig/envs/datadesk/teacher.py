@@ -46,7 +46,7 @@ from agentrig.envs.datadesk.db import SCHEMA
 from agentrig.envs.datadesk.tasks import NO_TOOL_ANSWERS
 from agentrig.envs.datadesk.tools import LOOKUPS, NO_RESULT, SEEN_TOOLS, inline_sql, table_refs
 from agentrig.harness import PolicyReply, PolicyRequest
-from agentrig.harness.protocol import canonical_arguments, get_protocol
+from agentrig.harness.protocol import canonical_arguments, get_protocol, result_text
 from agentrig.harness.trajectory import ToolCall
 
 # The fields each tool's JSON answer has (to read a drifted field under its new name).
@@ -791,7 +791,7 @@ def last_observations(messages: list[dict[str, Any]]) -> list[str]:
         if m["role"] == "assistant":
             break
         if m["role"] == "tool":
-            out.append(str(m.get("content") or ""))
+            out.append(result_text(m))
     return out[::-1]
 
 

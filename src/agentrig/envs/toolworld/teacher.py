@@ -25,7 +25,7 @@ from agentrig.envs.toolworld.tasks import STAT_WORDS, natural_date, show
 from agentrig.envs.toolworld.tools import ToolSpecW, specs
 from agentrig.envs.toolworld.world import World, param_name, world
 from agentrig.harness import PolicyReply, PolicyRequest
-from agentrig.harness.protocol import get_protocol
+from agentrig.harness.protocol import get_protocol, result_text
 from agentrig.harness.trajectory import ToolCall
 
 _RETRY = {"timeout", "unavailable", "rate_limited", "broken", "empty"}
@@ -79,7 +79,7 @@ def _history(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], 
                 by_id[c["id"]] = (c["function"]["name"], args)
         elif m["role"] == "tool":
             name, args = by_id.get(m.get("tool_call_id", ""), (m.get("name", ""), {}))
-            out.append((name, args, str(m.get("content", ""))))
+            out.append((name, args, result_text(m)))
     return out
 
 
