@@ -126,7 +126,7 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     environment's table, and a rerun recomputes nothing."""
     out = tmp_path / "run"
     done = run_main_job(RunConfig(out=str(out), profile="tiny", workers=1, mix=f"{SHOP}=0.3"))
-    assert list(done) == ["collect", "collect_mix_0", "data", "sft", "curve", "eval", "eval_mix_0", "rollouts", "pairs",
+    assert list(done) == ["collect", "collect_mix_0", "data", "sft", "eval", "curve", "eval_mix_0", "rollouts", "pairs",
                           "dpo", "eval_dpo", "ttt", "eval_ttt", "report"]
     # test-time training adapted the SFT adapter to the unseen-tools split's tools, and was evaluated paired
     assert done["ttt"]["split"] == "test_unseen_tools" and done["ttt"]["steps"] == 1
@@ -172,8 +172,17 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert "| metric | base | sft |" in section and "completion on test_unseen_tools" in section
     assert "| family | base | sft |" in section and ("| buy |" in section or "| checkout |" in section)
     assert "Mixed-in environment: shop" in (out / "report.html").read_text()
-    assert [p["step"] for p in done["curve"]["points"]] == [1, 2]  # the step-1 snapshot, then the final adapter
-    assert 0 < done["curve"]["points"][0]["train_minutes"] <= done["curve"]["points"][1]["train_minutes"]
+    # the curve: the base model (the base row's episode), the step-1 snapshot (evaluated by the stage), the final
+    # adapter (the evaluation's episode), all on the first test task
+    curve = done["curve"]
+    assert (curve["split"], curve["tasks"]) == ("test", PROFILES["tiny"].curve_limit) and not (out / "curve" / "episodes_step-2.jsonl").exists()
+    assert [p["step"] for p in curve["points"]] == [0, 1, 2] and all(p["completion"]["total"] == 1 for p in curve["points"])
+    assert 0 == curve["points"][0]["train_minutes"] < curve["points"][1]["train_minutes"] <= curve["points"][2]["train_minutes"]
+    snapshot = [json.loads(line) for line in (out / "curve" / "episodes_step-1.jsonl").read_text().splitlines()]
+    first = [json.loads(line) for line in (out / "eval" / "episodes_sft.jsonl").read_text().splitlines()][0]
+    assert [e["task"]["id"] for e in snapshot] == [first["task"]["id"]]
+    assert [p["completion"]["hits"] for p in curve["points"]][2] == int(first["success"])
+    assert "completion curve: the first 1 test tasks at every point" in md
     assert (out / "sft" / "snapshots" / "step-1" / "adapter_model.safetensors").is_file()
     assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").is_file()
@@ -291,14 +300,15 @@ FS_BIN = REPO / ".venv" / "npm" / "node_modules" / ".bin" / "mcp-server-filesyst
 @pytest.mark.skipif(not FS_BIN.exists(), reason="the MCP filesystem server is not installed (`make setup` with npm)")
 def test_tiny_main_job_on_an_mcp_server(tmp_path):
     """`agentrig run --env mcp:... --tasks ...`: every stage on the reference filesystem server's real tools, the
-    model teacher (DPO rollouts) included; no dev tasks in the file, so no curve; evaluation on its test split."""
+    model teacher (DPO rollouts) included; evaluation on its test split, the curve on its first task."""
     pytest.importorskip("mcp")
     files = "{sandbox:" + str(REPO / "examples" / "mcp" / "files") + "}"  # a fresh copy per episode
     cfg = RunConfig(out=str(tmp_path / "run"), profile="tiny", workers=1, env=f"mcp:stdio:{FS_BIN} {files}",
                     tasks=str(REPO / "examples" / "mcp" / "files_tasks.jsonl"))
     done = run_main_job(cfg)
-    assert set(done) == {"collect", "data", "sft", "eval", "rollouts", "pairs", "dpo", "eval_dpo", "ttt", "eval_ttt",
-                         "report"}
+    assert set(done) == {"collect", "data", "sft", "eval", "curve", "rollouts", "pairs", "dpo", "eval_dpo", "ttt",
+                         "eval_ttt", "report"}
+    assert done["curve"]["split"] == "test" and [p["step"] for p in done["curve"]["points"]] == [0, 1, 2]
     assert done["ttt"]["split"] == "test"  # the file's only evaluation split: its tools
     # the filesystem server answers in plain text, so no practice task can quote a result: the stage says so
     assert "no practice task" in done["ttt"]["skipped"] and done["eval_ttt"]["skipped"] == done["ttt"]["skipped"]

@@ -10,8 +10,9 @@ work):
 3. sft        LoRA SFT, r 32 / alpha 64 on every linear layer, lr 1e-3, cosine          -> sft/adapter
               (the seed's q/k/v/o at 2e-4 measured worse here, docs/training.md; the seed's
               YAML still loads and means what it says for `agentrig train`)
-   curve      adapter snapshots on a few dev tasks: completion against training minutes -> curve/
 4. eval       base and SFT adapter on the environment's eval splits (datadesk: test and unseen tools) -> eval/
+   curve      completion against training minutes on the first eval split's first tasks: the base model (step 0)
+              and the final adapter from the evaluation, each adapter snapshot evaluated here  -> curve/
    eval_mix_<i>  base and SFT on each mixed-in environment's eval splits, same limits  -> eval_mix_<i>/
    (full)     rollouts of the SFT adapter -> preference pairs -> DPO -> eval sft+dpo   -> dpo/
               (the primary environment only: rollouts, pairs and the SFT+DPO evaluation ignore the mix)
@@ -102,7 +103,7 @@ class Profile:
     retry_round: bool = False
     max_steps: int = 12  # HarnessConfig.max_steps at collection and evaluation (the system prompt states it)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
-    curve_limit: int = 10  # dev tasks per curve point
+    curve_limit: int = 10  # tasks per curve point: the first of the primary evaluation split (datadesk: test)
     dpo: bool = False
     rollout_episodes: int = 0
     dpo_steps: int = 0
@@ -415,18 +416,43 @@ def _evaluate(cfg: RunConfig, prof: Profile, root: Path, adapters: dict[str, str
     return {**results, "splits": list(splits or EVAL_SPLITS), "bf16": bf16}
 
 
-def _curve(cfg: RunConfig, prof: Profile, root: Path, sft: dict[str, Any]) -> dict[str, Any]:
-    """Completion on `curve_limit` dev tasks for each SFT snapshot and the final adapter, against training minutes."""
+def _curve(cfg: RunConfig, prof: Profile, root: Path, sft: dict[str, Any], evaluated: dict[str, Any],
+           split: str) -> dict[str, Any]:
+    """Completion against training minutes on the first `curve_limit` tasks of `split`, the primary evaluation's
+    first (the same tasks and faults at every point): the base model at step 0 and the final adapter read from the
+    evaluation's episodes (`evaluated`, the eval stage's record), each SFT snapshot evaluated here. The base point
+    is left out when the base row has fewer of those tasks."""
+    from agentrig.evals.metrics import completion_rate
+    from agentrig.harness.trajectory import read_episodes
+
     folder = root / "sft" / "snapshots"
     seconds = json.loads((folder / "seconds.json").read_text()) if (folder / "seconds.json").exists() else {}
-    points = {f"step-{s}": (s, float(seconds[str(s)]), str(folder / f"step-{s}")) for s in _curve_steps(prof)
-              if str(s) in seconds}
-    points[f"step-{sft['steps']}"] = (sft["steps"], float(sft["train_seconds"]), sft["adapter"])
-    results = _evaluate(cfg, prof, root, {name: p[2] for name, p in points.items()}, list(points), folder="curve",
-                        limits={name: prof.curve_limit for name in points}, splits=["dev"])
-    rows = [{"step": step, "train_minutes": round(secs / 60, 2), "completion": results[name]["metrics"]["completion"]}
-            for name, (step, secs, _) in points.items()]
-    return {"points": rows, "split": "dev", "tasks": prof.curve_limit}
+    snaps = {f"step-{s}": (s, float(seconds[str(s)]), str(folder / f"step-{s}")) for s in _curve_steps(prof)
+             if str(s) in seconds}
+    results = _evaluate(cfg, prof, root, {name: p[2] for name, p in snaps.items()}, list(snaps), folder="curve",
+                        limits={name: prof.curve_limit for name in snaps}, splits=[split]) if snaps else {}
+    tasks = _curve_tasks(cfg, split, prof.curve_limit)
+    rows = []
+    for name, step, secs in [("base", 0, 0.0)] + [(n, s, t) for n, (s, t, _) in snaps.items()] + [
+            ("sft", sft["steps"], float(sft["train_seconds"]))]:
+        if name in snaps:
+            completion = results[name]["metrics"]["completion"]
+        else:
+            if name not in evaluated:
+                continue
+            episodes = [ep for ep in read_episodes(evaluated[name]["episodes_file"]) if ep.task.id in tasks]
+            if {ep.task.id for ep in episodes} != tasks:
+                continue
+            completion = completion_rate(episodes).to_dict()
+        rows.append({"step": step, "train_minutes": round(secs / 60, 2), "completion": completion})
+    return {"points": rows, "split": split, "tasks": len(tasks)}
+
+
+def _curve_tasks(cfg: RunConfig, split: str, limit: int) -> set[str]:
+    """The ids of the first `limit` tasks of `split`, as the evaluation draws them (a prefix of any longer draw)."""
+    from agentrig.envs import load_env
+
+    return {t.id for t in load_env(cfg.env, cfg.tasks).tasks(split, limit, seed=cfg.seed)}
 
 
 def _pairs(root: Path, episode_files: list[str], total: int, seed: int) -> dict[str, Any]:
@@ -526,6 +552,10 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         notes.insert(1, _mixture_note(cfg, stages, mix))
     if "eval_ttt" in stages:
         notes.append(_ttt_note(stages))
+    if stages.get("curve", {}).get("points"):
+        c = stages["curve"]
+        notes.append(f"completion curve: the first {c['tasks']} {c['split']} tasks at every point (step 0: the base "
+                     "model; the last step: the evaluation's adapter), their faults the same")
     sections = _mix_sections(prof, stages, mix)
     files = write_report(root, metric_sets, loss_history=history, transcripts=transcripts,
                          failures=failure_examples(trained_episodes), curve=stages.get("curve", {}).get("points"),
@@ -581,10 +611,9 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     started = time.perf_counter()
     st = _Stages(root)
     eval_splits = list(env.eval_splits)
-    has_dev = "dev" in env.splits and env.pool_size("dev") != 0
-    curve = bool(prof.curve_points) and has_dev
+    curve = bool(prof.curve_points)
     mixed = range(len(mix))
-    names = (["collect"] + [f"collect_mix_{i}" for i in mixed] + ["data", "sft"] + (["curve"] if curve else []) + ["eval"]
+    names = (["collect"] + [f"collect_mix_{i}" for i in mixed] + ["data", "sft", "eval"] + (["curve"] if curve else [])
              + [f"eval_mix_{i}" for i in mixed] + (["rollouts", "pairs", "dpo", "eval_dpo"] if prof.dpo else [])
              + (["ttt", "eval_ttt"] if ttt else []) + ["report"])
 
@@ -599,11 +628,12 @@ def run_main_job(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     data = stage("data", "build training data", lambda: _build(
         cfg, prof, root, [collect["episodes_file"]] + [c["episodes_file"] for c in collected]))
     sft = stage("sft", "LoRA SFT", lambda: _train(cfg, prof, root, "sft", data["data_dir"], prof.sft_steps))
-    if curve:
-        stage("curve", "completion against training minutes (dev snapshots)", lambda: _curve(cfg, prof, root, sft))
-    stage("eval", "evaluate base and SFT", lambda: _evaluate(
+    evaluated = stage("eval", "evaluate base and SFT", lambda: _evaluate(
         cfg, prof, root, {"sft": sft["adapter"]}, ["base", "sft"], limits={"base": prof.base_eval_limit or prof.eval_limit},
         splits=eval_splits))
+    if curve:
+        stage("curve", f"completion against training minutes (snapshots on {prof.curve_limit} {eval_splits[0]} tasks)",
+              lambda: _curve(cfg, prof, root, sft, evaluated, eval_splits[0]))
     for i, ((spec, _), mix_env) in enumerate(zip(mix, mix_envs)):
         stage(f"eval_mix_{i}", f"evaluate base and SFT on {spec} (mixed in)", lambda: {
             **_evaluate(_on(cfg, spec), prof, root, {"sft": sft["adapter"]}, ["base", "sft"], folder=f"eval_mix_{i}",

@@ -180,7 +180,7 @@ def plot_curve(points: list[dict[str, Any]], path: Path) -> Path:
     ax.set_xlabel("training minutes")
     ax.set_ylabel("task completion")
     ax.set_ylim(0, 1.05)
-    ax.set_title("what more training buys (dev snapshots)")
+    ax.set_title("what more training buys (the same tasks at every point)")
     ax.grid(alpha=0.3)
     return _save(plt, fig, path)
 
