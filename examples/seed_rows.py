@@ -3,7 +3,7 @@
     python examples/seed_rows.py OUT [--train-seed N] [--split test] [--episodes N] [--steps N] [--lora-layers N]
     [--neftune ALPHA] [--mixup-detours SHARE] [--borrow-detours SHARE] [--family-weights FAMILY=W,...]
     [--learning-rate LR] [--prompt-no-grad] [--tool-name-weight W] [--decision-weight W] [--sql-detours SHARE]
-    [--detour-sentence] [--plan-first] [--figure-weight W] [--sequential] [--retry-round] [--max-steps N] [--echo-calls]
+    [--detour-sentence] [--plan-first] [--figure-weight W] [--sequential] [--retry-round] [--max-steps N] [--echo-calls] [--retry-empty]
     python examples/seed_rows.py OUT --adapter DIR [--split dev]   # evaluate a trained adapter only
 
 The default profile's stages through `run.py`'s own functions: collect (seed 0), build the data, LoRA SFT with
@@ -26,7 +26,8 @@ peak learning rate; `--prompt-no-grad` trains with `prompt_no_grad` (each sample
 `--sequential` has it send one call a turn (`collect --sequential`), `--retry-round` send a turn with a failed
 call again whole (`collect --retry-round`, rows 39 and 39s1), and `--max-steps` sets the harness's step limit
 at collection and evaluation (rows 38 and 38s1 use 16: sequential long tasks take up to 16 steps); `--echo-calls` has
-each tool result open with the call it answers, at collection and evaluation (`HarnessConfig.echo_calls`, row 41).
+each tool result open with the call it answers, at collection and evaluation (`HarnessConfig.echo_calls`, row 41); `--retry-empty` has the teacher send a look-up that answered "No result" once
+more before its `run_sql` fallback (`collect --retry-empty`, row 42).
 `--adapter DIR` skips collection and training and evaluates that adapter as the row would (the
 learning-rate sweep's control on `dev`).
 One knob per row: the rest of the profile stays.
@@ -65,6 +66,8 @@ def main() -> None:
                     "(collect --sequential)")
     ap.add_argument("--retry-round", action="store_true", help="after a turn of several calls with a failure, the "
                     "teacher sends the whole turn again (collect --retry-round)")
+    ap.add_argument("--retry-empty", action="store_true", help="the teacher sends a look-up that answered \"No "
+                    "result\" once more before its run_sql fallback (collect --retry-empty)")
     ap.add_argument("--echo-calls", action="store_true", help="each tool result opens with the call it answers, "
                     "at collection and evaluation (HarnessConfig.echo_calls; default: the profile's)")
     ap.add_argument("--max-steps", type=int, default=None, help="harness step limit at collection and evaluation "
@@ -91,7 +94,8 @@ def main() -> None:
                    quiet_detours=(a.quiet_detours or prof.quiet_detours) and not a.detour_sentence,
                    plan_first=a.plan_first or prof.plan_first,
                    sequential_calls=a.sequential or prof.sequential_calls, retry_round=a.retry_round or prof.retry_round,
-                   max_steps=a.max_steps or prof.max_steps, echo_calls=a.echo_calls or prof.echo_calls)
+                   max_steps=a.max_steps or prof.max_steps, echo_calls=a.echo_calls or prof.echo_calls,
+                   retry_empty=a.retry_empty or prof.retry_empty)
     splits = a.split.split(",") if a.split else None
     if a.adapter:
         ev = run._evaluate(cfg, prof, out, {"sft": a.adapter}, ["sft"], splits=splits)
@@ -108,7 +112,7 @@ def main() -> None:
                "quiet_detours": prof.quiet_detours, "plan_first": prof.plan_first, "prompt_no_grad": prof.prompt_no_grad,
                "tool_name_weight": prof.tool_name_weight, "decision_weight": prof.decision_weight,
                "figure_weight": prof.figure_weight, "sequential_calls": prof.sequential_calls,
-               "max_steps": prof.max_steps, "retry_round": prof.retry_round, "echo_calls": prof.echo_calls,
+               "max_steps": prof.max_steps, "retry_round": prof.retry_round, "echo_calls": prof.echo_calls, "retry_empty": prof.retry_empty,
                "family_weights": dict(prof.family_weights),
                "train_seconds": sft["train_seconds"],
                "completion": ev["sft"]["metrics"]["completion"], "failures": ev["sft"]["metrics"]["failures"]}

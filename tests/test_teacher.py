@@ -42,7 +42,7 @@ def _script(kinds):
         if kind is None:
             return execute()
         text = {"timeout": f"Tool execution failed: '{call.name}' timed out after 10 s",
-                "error_503": "Error: 503 Service Unavailable: try again later."}[kind]
+                "error_503": "Error: 503 Service Unavailable: try again later.", "no_result": "No result"}[kind]
         return ToolResult(call.id, call.name, text, ok=False, fault=kind, error=kind)
 
     return hook
@@ -223,6 +223,28 @@ def test_retry_round_sends_a_turn_with_a_failure_again_whole(env):
     task = _task(env, "single_lookup")
     ep, res, _ = _run(env, task, hook=_script(["timeout"]), teacher=ExpertTeacher(retry_round=True))
     assert res.success and len(ep.steps[1].calls) == 1, res.reasons
+
+
+def test_retry_empty_sends_a_look_up_that_found_nothing_once_more(env):
+    """`retry_empty`: a look-up answered "No result" is sent once more before the run_sql fallback (an injected
+    "No result" then answers at the retry); a look-up that truly finds nothing gets the retry, then the fallback,
+    then the honest answer. Without the option the first "No result" goes to run_sql at once."""
+    task = _task(env, "single_lookup")
+    ep, res, _ = _run(env, task, hook=_script(["no_result"]), teacher=ExpertTeacher(retry_empty=True))
+    assert res.success, res.reasons
+    first, again = ep.steps[0], ep.steps[1]
+    assert first.results[0].content == "No result" and again.results[0].ok
+    assert [(c.name, c.arguments) for c in again.calls] == [(c.name, c.arguments) for c in first.calls]
+    assert again.text == f"{first.calls[0].name} found nothing; trying once more." and ep.steps[2].is_final
+    ep, res, _ = _run(env, task, hook=_script(["no_result"]))
+    assert res.success and ep.steps[1].calls[0].name == "run_sql", res.reasons
+    assert ep.steps[1].text == f"{ep.steps[0].calls[0].name} found nothing; checking the database directly."
+    impossible = next(t for t in env.tasks("train", 200, seed=1) if t.family == "impossible"
+                      and t.metadata.get("params", {}).get("region"))
+    ep, res, _ = _run(env, impossible, teacher=ExpertTeacher(retry_empty=True))
+    assert res.success, (res.reasons, [s.raw_output for s in ep.steps])
+    names = [c.name for s in ep.steps for c in s.calls]
+    assert names[0] == names[1] != "run_sql" and names[2] == "run_sql" and ep.steps[-1].is_final
 
 
 def test_renamed_tools_are_used_consistently(env):
@@ -427,7 +449,8 @@ def test_mixup_detours_on_an_expert_without_them_is_a_clear_error():
         _expert(load_env("toolworld"), CollectConfig(env="toolworld", sql_detours=0.5))
     assert _expert(load_env("datadesk"), CollectConfig(sql_detours=0.5)).sql_rate == 0.5
     for param, lacks in (("quiet_detours", "writes no detour"), ("plan_first", "writes no plans"),
-                         ("sequential", "has no one-call"), ("retry_round", "has no whole-turn")):
+                         ("sequential", "has no one-call"), ("retry_round", "has no whole-turn"),
+                         ("retry_empty", "has no retry of an empty")):
         flag = "--" + param.replace("_", "-")
         with pytest.raises(ConfigError, match=f"{flag}: the expert of environment 'toolworld' {lacks}"):
             _expert(load_env("toolworld"), CollectConfig(env="toolworld", **{param: True}))

@@ -101,6 +101,8 @@ class Profile:
     sequential_calls: bool = False
     # after a turn of several calls with a failure, the expert sends the whole turn again (the expert's retry_round)
     retry_round: bool = False
+    # a look-up that answers "No result" is sent once more before the run_sql fallback (the expert's retry_empty)
+    retry_empty: bool = False
     max_steps: int = 12  # HarnessConfig.max_steps at collection and evaluation (the system prompt states it)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
     curve_limit: int = 10  # tasks per curve point: the first of the primary evaluation split (datadesk: test)
@@ -326,6 +328,7 @@ def _collect(cfg: RunConfig, prof: Profile, root: Path, split: str = "train", te
                          plan_first=prof.plan_first and takes("plan_first"),
                          sequential=prof.sequential_calls and takes("sequential"), max_steps=prof.max_steps,
                          retry_round=prof.retry_round and takes("retry_round"),
+                         retry_empty=prof.retry_empty and takes("retry_empty"),
                          # the families named are the primary environment's, so only its expert collection uses them
                          family_weights=dict(prof.family_weights) if teacher == "expert" and name == "train" else {},
                          **extra)
@@ -539,6 +542,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"tool listing {prof.tool_listing}"
         + (", the teacher's calls one a turn (sequential)" if prof.sequential_calls else "")
         + (", a turn with a failed call sent again whole (retry_round)" if prof.retry_round else "")
+        + (", a look-up that found nothing sent once more (retry_empty)" if prof.retry_empty else "")
         + (f", at most {prof.max_steps} steps an episode" if prof.max_steps != 12 else "")
         + (", each tool result opening with its call (echo_calls)" if prof.echo_calls else ""),
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "

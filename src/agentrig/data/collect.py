@@ -117,6 +117,8 @@ class CollectConfig:
     retry_round: bool = opt(False, "after a turn of several calls in which some failed, the expert sends that whole "
                             "turn again (the failed calls retried or switched, the rest as they were), so its "
                             "results come back together and in order (datadesk's expert)")
+    retry_empty: bool = opt(False, "a look-up that answers \"No result\" is sent once more before the expert's "
+                            "fallback (datadesk's expert)")
     repeat_notice: bool = opt(False, "the harness's notice on an identical call after a success (HarnessConfig."
                               "repeat_notice; keep it the same for training and evaluation)")
     echo_calls: bool = opt(False, "each tool result opens with the call it answers (HarnessConfig.echo_calls; keep it "
@@ -148,7 +150,7 @@ class CollectConfig:
             d.pop(k)
         # newer settings: at their defaults, an older file's identity
         for k in ("repeat_detours", "mixup_detours", "borrow_detours", "sql_detours", "quiet_detours", "plan_first",
-                  "sequential", "retry_round", "repeat_notice", "echo_calls", "family_weights"):
+                  "sequential", "retry_round", "retry_empty", "repeat_notice", "echo_calls", "family_weights"):
             if not d[k]:
                 d.pop(k)
         return d
@@ -244,7 +246,8 @@ def _expert(env: Any, cfg: CollectConfig) -> Any:
     for flag, param, lacks in (("--quiet-detours", "quiet_detours", "writes no detour sentence to leave out"),
                                ("--plan-first", "plan_first", "writes no plans"),
                                ("--sequential", "sequential", "has no one-call-a-turn mode"),
-                               ("--retry-round", "retry_round", "has no whole-turn retries")):
+                               ("--retry-round", "retry_round", "has no whole-turn retries"),
+                               ("--retry-empty", "retry_empty", "has no retry of an empty answer")):
         if not getattr(cfg, param):
             continue
         if not expert_takes(env, param):

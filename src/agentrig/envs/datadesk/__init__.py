@@ -78,7 +78,8 @@ class DatadeskEnv(Environment):
 
     def expert(self, detour_rate: float = 0.0, seed: int = 0, repeat_rate: float = 0.0, mixup_rate: float = 0.0,
                borrow_rate: float = 0.0, sql_rate: float = 0.0, quiet_detours: bool = False,
-               plan_first: bool = False, sequential: bool = False, retry_round: bool = False) -> Any:
+               plan_first: bool = False, sequential: bool = False, retry_round: bool = False,
+               retry_empty: bool = False) -> Any:
         """The programmatic teacher (`agentrig.envs.datadesk.teacher.ExpertTeacher`); `repeat_rate`: its repeat
         detours (a call that answered, sent again with weight 0, then the right next step); `mixup_rate`: its mix-up
         detours (the request's name sent to the look-up of another kind of thing, weight 0, then the right call);
@@ -89,9 +90,11 @@ class DatadeskEnv(Environment):
         behind a one-line plan of the task's happy path (`teacher.plan_line`); `sequential`: the calls a step needs go
         out one a turn, each result right after its call; `retry_round`: after a turn of several calls in which some
         failed, the next turn sends that whole turn again (the failed calls retried or switched, the others as they
-        were), so its results come back together and in order."""
+        were), so its results come back together and in order; `retry_empty`: a look-up that answers "No result" is
+        sent once more before the `run_sql` fallback."""
         from agentrig.envs.datadesk.teacher import ExpertTeacher
 
         return ExpertTeacher(detour_rate=detour_rate, seed=seed, repeat_rate=repeat_rate, mixup_rate=mixup_rate,
                              borrow_rate=borrow_rate, sql_rate=sql_rate, quiet_detours=quiet_detours,
-                             plan_first=plan_first, sequential=sequential, retry_round=retry_round)
+                             plan_first=plan_first, sequential=sequential, retry_round=retry_round,
+                             retry_empty=retry_empty)

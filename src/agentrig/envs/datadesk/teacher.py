@@ -28,7 +28,8 @@ procedure in its context. One call a turn (`sequential`): the calls a step needs
 of together in one turn, so each result comes right after its call and a retry right after its error (the same
 calls in the same order; docs/training.md rows 38 and 38s1). Whole-turn retries (`retry_round`): after a turn of
 several calls in which some failed, the next turn sends that whole turn again, the failed calls retried or switched
-and the others as they were, so the results come back together and in order (rows 39 and 39s1). Not handled:
+and the others as they were, so the results come back together and in order (rows 39 and 39s1). "No result" retried (`retry_empty`): a look-up that finds nothing is sent once more
+before the `run_sql` fallback, as a transient failure is (row 42). Not handled:
 environments other than datadesk (their `expert()` supplies their own policy).
 """
 
@@ -220,7 +221,8 @@ class EpisodeSolver:
 
     def __init__(self, request: PolicyRequest, detour_rate: float, seed: int, repeat_rate: float = 0.0,
                  mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
-                 quiet_detours: bool = False, sequential: bool = False, retry_round: bool = False):
+                 quiet_detours: bool = False, sequential: bool = False, retry_round: bool = False,
+                 retry_empty: bool = False):
         task = request.task
         self.task = task
         self.params: dict[str, Any] = task.metadata.get("params", {})
@@ -233,6 +235,7 @@ class EpisodeSolver:
         self.quiet_detours = quiet_detours
         self.sequential = sequential
         self.retry_round = retry_round
+        self.retry_empty = retry_empty
         self.gen: Solver = SOLVERS[task.family](self)
         self.started = False
         # a separate RNG, so that episodes without a repeat detour are the same as before the option existed
@@ -378,6 +381,9 @@ class EpisodeSolver:
                 r.value, r.done = value, True
                 return f"The {shown} answer names a field {drifted}; reading it that way." if drifted else ""
         if kind == "empty" and r.mode == "api" and r.tool in LOOKUPS:
+            if self.retry_empty and r.tries < 2:
+                r.last_reason = _REASON_WORDS["empty"]
+                return f"{shown} found nothing; trying once more."
             if self.offers("run_sql"):
                 r.mode, r.tries = "sql", 0
                 return f"{shown} found nothing; checking the database directly."
@@ -801,8 +807,9 @@ class ExpertTeacher:
     def __init__(self, detour_rate: float = 0.0, seed: int = 0, protocol: str = "hermes", max_live: int = 4096,
                  repeat_rate: float = 0.0, mixup_rate: float = 0.0, borrow_rate: float = 0.0, sql_rate: float = 0.0,
                  quiet_detours: bool = False, plan_first: bool = False, sequential: bool = False,
-                 retry_round: bool = False):
+                 retry_round: bool = False, retry_empty: bool = False):
         self.detour_rate = detour_rate
+        self.retry_empty = retry_empty
         self.sequential = sequential
         self.retry_round = retry_round
         self.quiet_detours = quiet_detours
@@ -822,7 +829,7 @@ class ExpertTeacher:
         if request.step == 0 or key not in self._live:
             ep = EpisodeSolver(request, self.detour_rate, self.seed, self.repeat_rate, self.mixup_rate,
                                self.borrow_rate, self.sql_rate, self.quiet_detours, self.sequential,
-                               self.retry_round)
+                               self.retry_round, self.retry_empty)
             action = next(ep.gen)
             if self.plan_first and action.calls and (plan := plan_line(ep)):
                 # the plan opens the episode's first turn, detour or not; the solver's own text follows it
