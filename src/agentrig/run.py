@@ -101,7 +101,8 @@ class Profile:
     sequential_calls: bool = False
     # after a turn of several calls with a failure, the expert sends the whole turn again (the expert's retry_round)
     retry_round: bool = False
-    # a look-up that answers "No result" is sent once more before the run_sql fallback (the expert's retry_empty)
+    # a look-up that answers "No result" is sent once more before the run_sql fallback (the expert's retry_empty);
+    # probed at seed 1, not adopted: `test` 27 against 27/40, `dev` 20 against 23 (docs/training.md, row 42)
     retry_empty: bool = False
     max_steps: int = 12  # HarnessConfig.max_steps at collection and evaluation (the system prompt states it)
     curve_points: int = 0  # adapter snapshots evaluated for the completion-vs-training-minutes curve
