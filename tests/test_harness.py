@@ -158,6 +158,11 @@ def test_echo_calls_opens_each_result_with_its_call():
 
     line = echo_call(ToolCall("c", "run_sql", {"query": "SELECT " + "x, " * 40 + "y FROM t"}))
     assert line.startswith('run_sql({"query": "SELECT x, ') and line.endswith('..."}) returned:') and len(line) < 100
+    # the memory's extractive summary quotes the result, not the echo line
+    from agentrig.harness.memory import extractive_summary
+
+    assert extractive_summary(ep.messages_full[2:]) == extractive_summary(plain.messages_full[2:])
+    assert "returned:" not in extractive_summary(ep.messages_full[2:])
     other = {"role": "tool", "name": "add", "content": 'sub({"a": 1}) returned:\n0'}
     assert result_text(other) == other["content"]
     assert result_text({"role": "tool", "name": "add", "content": "5"}) == "5"
