@@ -436,19 +436,19 @@ def _curve(cfg: RunConfig, prof: Profile, root: Path, sft: dict[str, Any], evalu
     results = _evaluate(cfg, prof, root, {name: p[2] for name, p in snaps.items()}, list(snaps), folder="curve",
                         limits={name: prof.curve_limit for name in snaps}, splits=[split]) if snaps else {}
     tasks = _curve_tasks(cfg, split, prof.curve_limit)
-    rows = []
-    for name, step, secs in [("base", 0, 0.0)] + [(n, s, t) for n, (s, t, _) in snaps.items()] + [
-            ("sft", sft["steps"], float(sft["train_seconds"]))]:
-        if name in snaps:
-            completion = results[name]["metrics"]["completion"]
-        else:
-            if name not in evaluated:
-                continue
-            episodes = [ep for ep in read_episodes(evaluated[name]["episodes_file"]) if ep.task.id in tasks]
-            if {ep.task.id for ep in episodes} != tasks:
-                continue
-            completion = completion_rate(episodes).to_dict()
-        rows.append({"step": step, "train_minutes": round(secs / 60, 2), "completion": completion})
+
+    def evaluated_on_tasks(name: str) -> dict[str, Any] | None:
+        """The evaluation's `name` row on the curve's tasks, or None when it lacks some of them."""
+        if name not in evaluated:
+            return None
+        episodes = [ep for ep in read_episodes(evaluated[name]["episodes_file"]) if ep.task.id in tasks]
+        return completion_rate(episodes).to_dict() if {ep.task.id for ep in episodes} == tasks else None
+
+    points = ([(0, 0.0, evaluated_on_tasks("base"))]
+              + [(step, secs, results[name]["metrics"]["completion"]) for name, (step, secs, _) in snaps.items()]
+              + [(sft["steps"], float(sft["train_seconds"]), evaluated_on_tasks("sft"))])
+    rows = [{"step": step, "train_minutes": round(secs / 60, 2), "completion": completion}
+            for step, secs, completion in points if completion is not None]
     return {"points": rows, "split": split, "tasks": len(tasks)}
 
 

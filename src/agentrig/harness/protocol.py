@@ -394,11 +394,11 @@ def echo_call(call: ToolCall) -> str:
 
 def result_text(message: dict[str, Any]) -> str:
     """A tool message's result without its echo line (`echo_call`), for readers of results (experts, memory)."""
-    content = str(message.get("content") or "")
-    if not message.get("name"):
+    content, name = str(message.get("content") or ""), message.get("name")
+    if not name:
         return content
     head, sep, rest = content.partition("\n")
-    prefix, suffix = feedback("call_echo", tool=message.get("name", ""), arguments="\0").split("\0")
+    prefix, suffix = feedback("call_echo", tool=name, arguments="\0").split("\0")
     if sep and head.startswith(prefix) and head.endswith(suffix):
         return rest
     return content

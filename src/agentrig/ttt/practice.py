@@ -536,9 +536,10 @@ class PracticeExpert:
                 continue
             if m.get("name") != plan[len(results)]["name"]:
                 continue
-            seen = classify_observation(result_text(m))
+            text = result_text(m)
+            seen = classify_observation(text)
             if seen == "ok":
-                results.append(json.loads(result_text(m)))
+                results.append(json.loads(text))
                 failures = 0
             elif seen == "empty" and request.task.metadata.get("missing"):
                 return PolicyReply(request.task.metadata["answer"])
