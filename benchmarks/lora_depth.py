@@ -52,13 +52,16 @@ def time_steps(data: str, steps: int, folder: Path, **overrides: object) -> dict
             "first_loss": result.loss_history[0]["loss"]}
 
 
-def step_arguments(description: str, what: str, rounds: bool = False) -> argparse.Namespace:
-    """`--data` and `--steps` (at least 3: one warm-up step and two to time), and `--rounds` when asked, parsed."""
+def step_arguments(description: str, what: str, rounds: bool = False, torch_compile: bool = False) -> argparse.Namespace:
+    """`--data` and `--steps` (at least 3: one warm-up step and two to time), and `--rounds` and `--torch-compile`
+    when asked, parsed."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", help="an `agentrig data build` folder (default: build the default profile's data)")
     ap.add_argument("--steps", type=int, default=8, help=f"optimizer steps {what} (the first is warm-up)")
     if rounds:
         ap.add_argument("--rounds", type=int, default=2, help="times the two ways are alternated")
+    if torch_compile:
+        ap.add_argument("--torch-compile", action="store_true", help="each decoder layer compiled on both sides")
     if what == "per depth":
         ap.add_argument("--layers", default="10,15,20", help="comma-separated depths to time against every layer")
     a = ap.parse_args()

@@ -7,7 +7,10 @@ tokens that are context (before each sample's first supervised token), and the o
 one's: how many more steps the same minutes buy. The peer is the same trainer with the key off (the forward and
 backward every other trainer runs); the saving is the context's backward pass and its kept activations.
 
-    python benchmarks/prompt_no_grad.py [--data runs/default/data] [--steps 8]
+    python benchmarks/prompt_no_grad.py [--data runs/default/data] [--steps 8] [--torch-compile]
+
+`--torch-compile` compiles each decoder layer on both sides (`torch_compile`, as the main job trains on a CPU);
+the first step, where compilation happens, is the warm-up either way.
 
 `--data` is an `agentrig data build` folder (the main job's `RUN/data`); without one, 400 expert episodes are
 collected and built into a temporary folder first (about a minute).
@@ -35,13 +38,15 @@ def context_share(data: str) -> float:
 
 
 def main() -> None:
-    a = step_arguments(__doc__.splitlines()[0], "each way")
+    a = step_arguments(__doc__.splitlines()[0], "each way", torch_compile=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = a.data or build_default_data(work)
         print(f"context (tokens before each sample's first supervised target): {context_share(data):.1%} of tokens")
-        peer = time_steps(data, a.steps, work / "ordinary")
-        ours = time_steps(data, a.steps, work / "no-grad", prompt_no_grad=True)
+        if a.torch_compile:
+            print("both sides with torch_compile (each decoder layer compiled)")
+        peer = time_steps(data, a.steps, work / "ordinary", torch_compile=a.torch_compile)
+        ours = time_steps(data, a.steps, work / "no-grad", prompt_no_grad=True, torch_compile=a.torch_compile)
         print(f"ordinary step (peer): {peer['seconds_per_step']:.2f} s a step, {peer['tokens_per_s']:.0f} tokens/s, "
               f"first loss {peer['first_loss']:.4f}")
         print(f"prompt_no_grad: {ours['seconds_per_step']:.2f} s a step, {ours['tokens_per_s']:.0f} tokens/s, "

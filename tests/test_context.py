@@ -176,3 +176,35 @@ def test_dpo_pair_log_probs_are_the_same(smol_tokenizer):
         a, b = pair_logps(plain, batch), pair_logps(split, batch)
     for x, y in zip(a, b):
         assert torch.allclose(x.float(), y.float(), atol=1e-4)
+
+
+def test_prompt_no_grad_with_torch_compile_compiles_once_and_trains_the_eager_losses(tmp_path, tiny_model_dir):
+    """With `torch_compile` the two passes reach attention through the compiled layers; the context's spans
+    change every step and must not make the layers recompile (session 48: minutes a step). After the first
+    steps have traced their graphs (with and without gradient), later steps with other sample layouts add none,
+    and the losses are the eager two-pass run's."""
+    import torch
+    from transformers import TrainerCallback
+
+    from agentrig.train import compile as compile_module
+    from agentrig.train.train import run_train
+
+    if not compile_module.has_cpp_compiler():
+        pytest.skip("TorchInductor needs a C++ compiler on a CPU, and this machine has none")
+
+    class Graphs(TrainerCallback):
+        seen: list[int] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seen.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+    data = write_jsonl(tmp_path / "data" / "tokenized.jsonl", synthetic_samples(16, seed=2, low=20, high=60))
+    torch._dynamo.reset()
+    graphs = Graphs()
+    losses = {}
+    for compiled in (True, False):
+        config = tiny_config(tiny_model_dir, data.parent, tmp_path / f"run_{compiled}", max_steps=5, save_steps=100,
+                             prompt_no_grad=True, torch_compile=compiled, bf16=False, seed=3)
+        losses[compiled] = [h["loss"] for h in run_train(config, callbacks=[graphs] if compiled else []).loss_history]
+    assert graphs.seen[0] > 0 and graphs.seen[-1] == graphs.seen[1], graphs.seen  # no graph after step 2
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)

@@ -48,13 +48,9 @@ def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     import torch.nn.functional as F
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    context = kwargs.get(CONTEXT_KWARG)  # `prompt_no_grad`'s two passes (context.py)
-    if context is not None and context.recording:
-        context.kv[id(module)] = (key, value)  # the context pass: kept, then attended as any packed row
-    elif context is not None:
-        from agentrig.train.context import attend
-
-        return attend(context, module, query, key, value, dropout, scaling).transpose(1, 2).contiguous(), None
+    context = kwargs.pop(CONTEXT_KWARG, None)  # `prompt_no_grad`'s two passes (context.py)
+    if context is not None:
+        return _context_attention(context, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     position_ids = kwargs.get("position_ids")
     special = any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias", "sliding_window"))
     if (attention_mask is not None or position_ids is None or special or query.shape[2] != key.shape[2]
@@ -73,6 +69,24 @@ def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     return out.transpose(1, 2).contiguous(), None
 
 
+def _context_attention(context: Any, module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                       dropout: float, scaling: float | None, kwargs: dict[str, Any]) -> tuple[Any, None]:
+    """`prompt_no_grad`'s passes: the context pass keeps each layer's keys and values and attends as any packed
+    row; the rest pass attends to them (`context.attend`).
+
+    Never traced by TorchDynamo (`register` wraps it in `torch.compiler.disable`): the context's spans are Python
+    ints that change every step, and a compiled layer that read them would recompile every step (session 48:
+    minutes a step with `torch_compile`). The attention runs eagerly between the compiled halves of a layer.
+    """
+    if context.recording:
+        context.kv[id(module)] = (key, value)
+        return packed_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                **kwargs)
+    from agentrig.train.context import attend
+
+    return attend(context, module, query, key, value, dropout, scaling).transpose(1, 2).contiguous(), None
+
+
 def _packed_mask(batch_size: int, q_length: int, kv_length: int, *args: Any, attention_mask: Any = None,
                  **kwargs: Any) -> Any:
     """Mask interface: no mask unless a padding mask is given (then transformers' SDPA mask, used by the fallback)."""
@@ -85,11 +99,14 @@ def _packed_mask(batch_size: int, q_length: int, kv_length: int, *args: Any, att
 
 def register() -> str:
     """Register `packed_attention` (and its mask function) with transformers under `NAME`."""
-    global _registered
+    global _registered, _context_attention
     if not _registered:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
 
+        import torch
+
+        _context_attention = torch.compiler.disable(_context_attention)  # see its docstring
         AttentionInterface.register(NAME, packed_attention)
         AttentionMaskInterface.register(NAME, _packed_mask)
         _registered = True

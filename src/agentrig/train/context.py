@@ -20,7 +20,10 @@ both passes: nothing attends to them and they carry no loss.
 
 The passes reach the attention function through a keyword argument (`agentrig_context`), which transformers
 hands from the decoder down to every layer's attention call, so a recomputation under gradient checkpointing
-sees the same context. It works with agentrig's packed attention (`attention.py`) only.
+sees the same context. It works with agentrig's packed attention (`attention.py`) only. With `torch_compile` the
+compiled layers pass the context through untouched: the attention that reads its spans (Python ints that change
+every step) is kept out of TorchDynamo's tracing, so the layers compile once per mode (with and without gradient)
+and not once a step (tested).
 """
 
 from __future__ import annotations
