@@ -32,7 +32,8 @@ def build_default_data(work: Path) -> str:
 
 
 def time_steps(data: str, steps: int, folder: Path, **overrides: object) -> dict[str, float]:
-    """The main job's SFT recipe on `data` for `steps` steps in `folder`, with `overrides` of its TrainConfig:
+    """The main job's SFT recipe (its profile's tool-name loss weight included) on `data` for `steps` steps in
+    `folder`, with `overrides` of its TrainConfig:
     seconds a step after the first, the first step's seconds, tokens/s and the first step's loss."""
     from agentrig import run
     from agentrig.train.train import run_train
@@ -43,7 +44,7 @@ def time_steps(data: str, steps: int, folder: Path, **overrides: object) -> dict
         dataset=data, model_name_or_path="smollm2-135m", output_dir=str(folder), lora_rank=run.LORA_RANK,
         lora_alpha=run.LORA_ALPHA, lora_target=prof.lora_target, learning_rate=prof.learning_rate, warmup_ratio=0.05,
         per_device_train_batch_size=1, max_seq_length=prof.max_seq_length, max_steps=steps, save_steps=10_000,
-        packing=True, seed=0), **overrides})
+        tool_name_weight=prof.tool_name_weight, packing=True, seed=0), **overrides})
     clock = step_clock()
     result = run_train(config, callbacks=[clock])
     per_step = (clock.marks[-1] - clock.marks[0]) / (len(clock.marks) - 1)
