@@ -183,6 +183,8 @@ def test_tiny_main_job_end_to_end_and_resume(tmp_path):
     assert [e["task"]["id"] for e in snapshot] == [first["task"]["id"]]
     assert [p["completion"]["hits"] for p in curve["points"]][2] == int(first["success"])
     assert "completion curve: the first 1 test tasks at every point" in md
+    sft = done["sft"]
+    assert f"(SFT at {sft['tokens'] / sft['train_seconds']:.0f} tokens/s)" in md and sft["tokens"] > 0
     assert (out / "sft" / "snapshots" / "step-1" / "adapter_model.safetensors").is_file()
     assert done["collect"]["episodes"] == PROFILES["tiny"].train_episodes
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").is_file()

@@ -347,6 +347,13 @@ def _build(cfg: RunConfig, prof: Profile, root: Path, episodes_files: list[str])
             "dropped": report.dropped, "envs": card["envs"], "episodes_files": list(episodes_files)}
 
 
+def _sft_speed(sft: dict[str, Any]) -> str:
+    """The SFT stage's tokens a second, the machine's speed in the units a step is made of: the same job's minutes
+    move with it (on one 2-core CPU, 3.1-7 s a step within two hours), so a reader can tell the machine from the job."""
+    seconds, tokens = sft.get("train_seconds"), sft.get("tokens")
+    return f" (SFT at {tokens / seconds:.0f} tokens/s)" if seconds and tokens else ""
+
+
 def _curve_steps(prof: Profile) -> list[int]:
     """The SFT steps whose adapter snapshot the curve evaluates (the final adapter is the last point)."""
     n = prof.curve_points
@@ -549,7 +556,7 @@ def _report(cfg: RunConfig, prof: Profile, root: Path, stages: dict[str, dict[st
         f"model {cfg.model}; evaluation on {', '.join(stages['eval'].get('splits', EVAL_SPLITS))} with {prof.eval_limit} tasks per split "
         f"(the base model: {prof.base_eval_limit or prof.eval_limit}), greedy"
         f"{' in bf16 autocast (a CPU with AMX)' if stages['eval'].get('bf16') else ''}, injected tool-fault rate {prof.eval_faults}",
-        f"stage times: {times}; total {_mmss(total_s)}",
+        f"stage times: {times}; total {_mmss(total_s)}{_sft_speed(stages['sft'])}",
     ]
     if "base" in metric_sets:
         notes.append(below_base(metric_sets["base"], metric_sets[trained]))
